@@ -1,0 +1,108 @@
+"""Commands: what a policy asks a driver to do. Frozen, hashable, compared by value.
+
+Both drivers execute the same commands with the same meaning; only their timing differs
+(the simulator's cost model predicts it, calibration measures it). An illegal command (a
+GPU in two roles, training an unfinished trajectory, exceeding the policy's staleness
+bound) is rejected with :class:`~rlsched.cluster.errors.PolicyError` by
+:func:`rlsched.cluster.state.ClusterState.check` before anything changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ids import Drain, EngineId, GpuId, Role, TrajectoryId
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """Base class of all commands."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch(Command):
+    """Start (or resume) these trajectories on ``engine``, or on the least-loaded rollout
+    engine (fewest admitted plus queued trajectories, lowest id on ties) when ``None``.
+
+    Trajectories must be PENDING or INTERRUPTED. A resumed trajectory continues from its
+    last finished turn; its context must be prefilled again on the new engine.
+    Trajectories stay on their engine between turns (prefix cache) unless a policy moves
+    them.
+    """
+
+    trajectories: tuple[TrajectoryId, ...]
+    engine: EngineId | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reassign(Command):
+    """Move GPUs to ``role``. They pass through ``SWITCHING`` (costed by the driver) and a
+    ``RolesChanged`` event reports the end.
+
+    GPUs leaving ``ROLLOUT`` must cover whole engines; their in-flight trajectories are
+    drained per ``drain`` (see :class:`~rlsched.cluster.ids.Drain`) -- never lost, never
+    restarted from zero. GPUs going to ``ROLLOUT`` must form whole engines (``tp`` GPUs,
+    aligned). GPUs leaving ``TRAIN`` while a micro-batch runs leave after it completes: the
+    trainer's data-parallel width only changes between micro-batches.
+    """
+
+    gpus: tuple[GpuId, ...]
+    role: "Role"
+    drain: Drain = Drain.MIGRATE
+
+
+@dataclass(frozen=True, slots=True)
+class TrainMicroBatch(Command):
+    """Forward+backward over these finished trajectories on the GPUs in ``TRAIN``; the
+    gradients accumulate until ``OptimizerStep``. Queued behind a running micro-batch."""
+
+    trajectories: tuple[TrajectoryId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerStep(Command):
+    """Apply the accumulated gradients: version += 1, then ``TrainStepFinished``.
+    Queued behind pending micro-batches."""
+
+
+@dataclass(frozen=True, slots=True)
+class Train(Command):
+    """Shorthand for ``TrainMicroBatch(trajectories)`` followed by ``OptimizerStep()``."""
+
+    trajectories: tuple[TrajectoryId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SyncWeights(Command):
+    """Send the trainer's current weights to ``engines`` (all rollout engines when
+    ``None``). Each engine pauses generation while its weights arrive (in-flight
+    trajectories keep their KV and continue afterwards with the new version), then a
+    ``WeightsSynced`` event reports it."""
+
+    engines: tuple[EngineId, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupt(Command):
+    """Stop these running or queued trajectories now. With ``keep_progress`` their finished
+    turns are kept (status INTERRUPTED, resumable); otherwise they restart from turn 0 when
+    dispatched again and the discarded tokens are counted as wasted."""
+
+    trajectories: tuple[TrajectoryId, ...]
+    keep_progress: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Drop(Command):
+    """Give up on these finished (or interrupted) trajectories: they are not trained.
+    Counted as dropped in the run record -- never silently lost."""
+
+    trajectories: tuple[TrajectoryId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SetTimer(Command):
+    """Deliver ``TimerFired(tag)`` at absolute time ``at`` (seconds since run start)."""
+
+    at: float
+    tag: str

@@ -1,0 +1,35 @@
+"""The project's own error types.
+
+Every error a *user* can cause (a bad trace, config, policy spec, cost-model file, run
+directory) is an :class:`RlschedError`. Its message is one line that names the file, row,
+field or value and what was expected; the command line prints that line and exits with
+code 2 -- no traceback. Anything else that escapes is a bug in rlsched.
+"""
+
+from __future__ import annotations
+
+
+class RlschedError(Exception):
+    """A problem with the user's input. ``str(err)`` is the one line to show."""
+
+    exit_code = 2
+
+
+class TraceError(RlschedError):
+    """A trace file is missing, unreadable or breaks the schema."""
+
+
+class ConfigError(RlschedError):
+    """A run configuration or cost-model file has an unknown key or a bad value."""
+
+
+class PolicyError(RlschedError):
+    """An unknown policy, a bad policy spec or parameter, or an illegal command."""
+
+
+class RecordError(RlschedError):
+    """A run directory is missing, corrupt or from an incompatible version."""
+
+
+class LiveBackendError(RlschedError):
+    """The live backend cannot start: missing extra, no free slots, bad checkpoint."""

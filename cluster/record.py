@@ -1,0 +1,225 @@
+"""The run-record format both drivers write and the analysis reads.
+
+A run record is a directory:
+
+``meta.json``
+    ``{"format": "rlsched-run", "version": 1, "driver": "sim"|"live", "policy": SPEC,
+    "num_gpus", "tp", "num_steps", "complete": bool, ...}`` plus whatever configuration
+    the driver wants to keep (cost model, trace path, seed, wall time).
+``events.parquet``
+    One row per notable event: ``time`` (s), ``kind`` (event or command name), ``step``,
+    ``version``, ``engine``, ``gpu`` (-1 when not applicable), ``trajectory`` ("" when not
+    applicable), ``detail`` (short free text).
+``intervals.parquet``
+    Per-GPU state intervals: GPUs ``gpu_first .. gpu_first+gpu_count-1`` were in ``state``
+    (a :class:`~rlsched.cluster.ids.GpuState` value) from ``start`` to ``end``. Intervals
+    of one GPU never overlap and, together, cover ``[0, makespan]``. ``step`` is the step
+    the work belonged to (-1: none).
+``trajectories.parquet``
+    One row per trajectory of the run (columns in :data:`TRAJECTORY_COLUMNS`).
+``steps.parquet``
+    One row per optimizer step (columns in :data:`STEP_COLUMNS`).
+
+Columns only grow between versions; readers reject a newer major ``version``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import RecordError
+
+FORMAT = "rlsched-run"
+FORMAT_VERSION = 1
+
+EVENT_SCHEMA = pa.schema(
+    [
+        ("time", pa.float64()),
+        ("kind", pa.string()),
+        ("step", pa.int32()),
+        ("version", pa.int32()),
+        ("engine", pa.int32()),
+        ("gpu", pa.int32()),
+        ("trajectory", pa.string()),
+        ("detail", pa.string()),
+    ]
+)
+INTERVAL_SCHEMA = pa.schema(
+    [
+        ("gpu_first", pa.int32()),
+        ("gpu_count", pa.int32()),
+        ("start", pa.float64()),
+        ("end", pa.float64()),
+        ("state", pa.string()),
+        ("step", pa.int32()),
+    ]
+)
+TRAJECTORY_COLUMNS = {
+    "trajectory": "str: id, unique in the run",
+    "task_id": "str",
+    "step": "int: the step whose batch it belongs to",
+    "status": "str: final TrajStatus (trained, dropped, done, interrupted, ...)",
+    "finish_status": "str: how generation ended (done, timed_out, failed, interrupted)",
+    "dispatch_time": "float: first dispatch (s)",
+    "finish_time": "float: last time generation stopped (s)",
+    "trained_version": "int: trainer version it was trained at (-1: not trained)",
+    "min_version": "int: oldest weights version among its kept tokens",
+    "max_version": "int: newest weights version among its kept tokens",
+    "turns_total": "int: turns in the trace",
+    "turns_done": "int: turns finished and kept",
+    "prompt_tokens": "int: prompt tokens of kept turns",
+    "output_tokens": "int: generated tokens of kept turns",
+    "trained_tokens": "int: tokens the trainer was charged for (after the processor)",
+    "wasted_tokens": "int: generated tokens thrown away (restarts, drops)",
+    "dispatches": "int: times dispatched (1 + resumes/retries)",
+    "migrations": "int: times its context moved to another engine",
+}
+STEP_COLUMNS = {
+    "version": "int: version after this optimizer step (1..num_steps)",
+    "time": "float: when the optimizer step finished (s)",
+    "trajectories": "int: trajectories in the step",
+    "trained_tokens": "int",
+    "train_seconds": "float: trainer busy time for this step (micro-batches + optimizer)",
+    "max_staleness": "int: largest staleness among its trajectories",
+}
+
+
+class RunRecorder:
+    """Collects events and intervals in columns and flushes them in row groups, so a
+    seed-scale run never holds millions of Python tuples."""
+
+    def __init__(self, directory: Path, flush_rows: int = 200_000) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._flush_rows = flush_rows
+        self._ev: dict[str, list[Any]] = {f.name: [] for f in EVENT_SCHEMA}
+        self._iv: dict[str, list[Any]] = {f.name: [] for f in INTERVAL_SCHEMA}
+        self._ev_writer = pq.ParquetWriter(self.dir / "events.parquet", EVENT_SCHEMA)
+        self._iv_writer = pq.ParquetWriter(self.dir / "intervals.parquet", INTERVAL_SCHEMA)
+        self.event_rows = 0
+        self.interval_rows = 0
+
+    def event(
+        self, time: float, kind: str, *, step: int = -1, version: int = -1, engine: int = -1,
+        gpu: int = -1, trajectory: str = "", detail: str = "",
+    ) -> None:
+        ev = self._ev
+        ev["time"].append(time)
+        ev["kind"].append(kind)
+        ev["step"].append(step)
+        ev["version"].append(version)
+        ev["engine"].append(engine)
+        ev["gpu"].append(gpu)
+        ev["trajectory"].append(trajectory)
+        ev["detail"].append(detail)
+        if len(ev["time"]) >= self._flush_rows:
+            self._flush_events()
+
+    def interval(
+        self, gpu_first: int, gpu_count: int, start: float, end: float, state: str, step: int = -1
+    ) -> None:
+        if end <= start:
+            return
+        iv = self._iv
+        iv["gpu_first"].append(gpu_first)
+        iv["gpu_count"].append(gpu_count)
+        iv["start"].append(start)
+        iv["end"].append(end)
+        iv["state"].append(state)
+        iv["step"].append(step)
+        if len(iv["start"]) >= self._flush_rows:
+            self._flush_intervals()
+
+    def _flush_events(self) -> None:
+        if self._ev["time"]:
+            self._ev_writer.write_table(pa.table(self._ev, schema=EVENT_SCHEMA))
+            self.event_rows += len(self._ev["time"])
+            for v in self._ev.values():
+                v.clear()
+
+    def _flush_intervals(self) -> None:
+        if self._iv["start"]:
+            self._iv_writer.write_table(pa.table(self._iv, schema=INTERVAL_SCHEMA))
+            self.interval_rows += len(self._iv["start"])
+            for v in self._iv.values():
+                v.clear()
+
+    def close(
+        self, trajectories: pd.DataFrame, steps: pd.DataFrame, meta: dict[str, Any]
+    ) -> None:
+        self._flush_events()
+        self._flush_intervals()
+        self._ev_writer.close()
+        self._iv_writer.close()
+        trajectories.to_parquet(self.dir / "trajectories.parquet", index=False)
+        steps.to_parquet(self.dir / "steps.parquet", index=False)
+        full = {"format": FORMAT, "version": FORMAT_VERSION, **meta}
+        (self.dir / "meta.json").write_text(json.dumps(_jsonable(full), indent=2) + "\n")
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "item"):  # numpy scalars
+        return obj.item()
+    return obj
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run record read back: meta plus its four tables as DataFrames."""
+
+    path: Path
+    meta: dict[str, Any]
+    events: pd.DataFrame
+    intervals: pd.DataFrame
+    trajectories: pd.DataFrame
+    steps: pd.DataFrame
+
+
+_FILES = ("meta.json", "events.parquet", "intervals.parquet", "trajectories.parquet", "steps.parquet")
+
+
+def read_run(path: str | Path, *, tables: tuple[str, ...] = ("events", "intervals", "trajectories", "steps")) -> RunRecord:
+    """Read a run directory; any problem is one RecordError line naming the file."""
+    d = Path(path)
+    if not d.is_dir():
+        raise RecordError(f"{d}: not a run directory (expected the folder `rlsched compare/run` wrote)")
+    for name in _FILES:
+        if not (d / name).is_file():
+            raise RecordError(f"{d}: missing {name}; not a complete rlsched run record")
+    try:
+        meta = json.loads((d / "meta.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RecordError(f"{d / 'meta.json'}: unreadable ({exc.__class__.__name__})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise RecordError(f"{d / 'meta.json'}: not an rlsched run record (format field)")
+    version = meta.get("version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise RecordError(
+            f"{d / 'meta.json'}: record version {version!r} is newer than this rlsched reads "
+            f"({FORMAT_VERSION}); upgrade rlsched"
+        )
+    frames: dict[str, pd.DataFrame] = {}
+    for name in ("events", "intervals", "trajectories", "steps"):
+        if name not in tables:
+            frames[name] = pd.DataFrame()
+            continue
+        f = d / f"{name}.parquet"
+        try:
+            frames[name] = pd.read_parquet(f)
+        except Exception as exc:  # pyarrow raises many types for corrupt files
+            raise RecordError(f"{f}: corrupt Parquet ({str(exc).splitlines()[0][:120]})") from None
+    return RunRecord(d, meta, frames["events"], frames["intervals"], frames["trajectories"], frames["steps"])

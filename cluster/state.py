@@ -1,0 +1,312 @@
+"""Shared bookkeeping of a run: roles, engines, trainer and trajectory lifecycles.
+
+Both drivers keep their cluster state in a :class:`ClusterState` and hand it to the policy
+as its :class:`~rlsched.cluster.view.ClusterView`. Keeping it here, below both drivers,
+means the legality rules (:meth:`ClusterState.check`) and the lifecycle are written once
+and the drivers only add *timing*.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .commands import (
+    Command,
+    Dispatch,
+    Drop,
+    Interrupt,
+    OptimizerStep,
+    Reassign,
+    SetTimer,
+    SyncWeights,
+    Train,
+    TrainMicroBatch,
+)
+from .errors import PolicyError
+from .ids import EngineId, GpuId, Role, TaskId, TrajectoryId, TrajStatus
+from .view import EngineInfo, TrainerInfo, TrajectoryInfo
+
+_DISPATCHABLE = frozenset({TrajStatus.PENDING, TrajStatus.INTERRUPTED})
+_ACTIVE = frozenset({TrajStatus.QUEUED, TrajStatus.RUNNING})
+
+
+@dataclass(slots=True)
+class TrajState:
+    """Mutable per-trajectory bookkeeping (drivers only; policies get TrajectoryInfo)."""
+
+    id: TrajectoryId
+    task_id: TaskId
+    step: int
+    index: int  # row of the driver's own per-trajectory arrays
+    status: TrajStatus = TrajStatus.PENDING
+    engine: EngineId | None = None
+    turns_done: int = 0
+    tokens: int = 0
+    min_version: int = -1
+    max_version: int = -1
+    trained_version: int = -1
+    in_micro_batch: bool = False
+    dispatches: int = 0
+    migrations: int = 0
+    dispatch_time: float = float("nan")
+    finish_time: float = float("nan")
+    finish_status: TrajStatus | None = None
+
+    def info(self) -> TrajectoryInfo:
+        return TrajectoryInfo(
+            self.id, self.task_id, self.step, self.status, self.engine,
+            self.turns_done, self.tokens, self.min_version,
+        )
+
+
+@dataclass(slots=True)
+class EngineState:
+    id: EngineId
+    gpus: tuple[GpuId, ...]
+    version: int
+    kv_capacity: int
+    running: set[TrajectoryId] = field(default_factory=set)
+    queue: deque[TrajectoryId] = field(default_factory=deque)
+    kv_used: int = 0
+    draining: bool = False
+    syncing: bool = False
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(
+            self.id, self.gpus, len(self.running), len(self.queue), self.version,
+            self.kv_used, self.kv_capacity, self.draining, self.syncing,
+        )
+
+
+class ClusterState:
+    """Implements :class:`ClusterView` for policies and the lifecycle for drivers."""
+
+    def __init__(
+        self,
+        num_gpus: int,
+        tp: int,
+        batches: Sequence[Sequence[tuple[TrajectoryId, TaskId]]],
+        max_staleness: int,
+    ) -> None:
+        if tp < 1 or num_gpus < tp or num_gpus % tp:
+            raise ValueError(f"num_gpus={num_gpus} must be a positive multiple of tp={tp}")
+        self._now = 0.0
+        self._num_gpus = num_gpus
+        self._tp = tp
+        self.max_staleness = max_staleness
+        self.roles: list[Role] = [Role.IDLE] * num_gpus
+        self.engines_: dict[EngineId, EngineState] = {}
+        self.trajs: dict[TrajectoryId, TrajState] = {}
+        self._batches: list[tuple[TrajectoryId, ...]] = []
+        self._unfinished: list[int] = []
+        self._finished: dict[TrajectoryId, None] = {}  # insertion-ordered set
+        for step, batch in enumerate(batches):
+            ids = []
+            for tid, task in batch:
+                if tid in self.trajs:
+                    raise ValueError(f"trajectory id {tid!r} appears twice in the run")
+                self.trajs[tid] = TrajState(tid, task, step, len(self.trajs))
+                ids.append(tid)
+            self._batches.append(tuple(ids))
+            self._unfinished.append(len(ids))
+        self.version = 0
+        self.trainer_busy = False
+        self.queued_micro_batches = 0
+        self.queued_optimizer_steps = 0
+        self.accumulated: list[TrajectoryId] = []
+        self.switching: set[GpuId] = set()
+
+    # ------------------------------------------------------------------ view
+    @property
+    def now(self) -> float:
+        return self._now
+
+    @property
+    def num_gpus(self) -> int:
+        return self._num_gpus
+
+    @property
+    def tp(self) -> int:
+        return self._tp
+
+    @property
+    def num_steps(self) -> int:
+        return len(self._batches)
+
+    def role(self, gpu: GpuId) -> Role:
+        return self.roles[gpu]
+
+    def gpus_in(self, role: Role) -> tuple[GpuId, ...]:
+        return tuple(g for g, r in enumerate(self.roles) if r is role)
+
+    def engine_of(self, gpu: GpuId) -> EngineId:
+        return gpu // self._tp
+
+    def engine_gpus(self, engine: EngineId) -> tuple[GpuId, ...]:
+        return tuple(range(engine * self._tp, (engine + 1) * self._tp))
+
+    def engines(self) -> tuple[EngineId, ...]:
+        return tuple(e for e, s in sorted(self.engines_.items()) if not s.draining)
+
+    def engine(self, engine: EngineId) -> EngineInfo:
+        try:
+            return self.engines_[engine].info()
+        except KeyError:
+            raise PolicyError(f"engine {engine} is not a rollout engine") from None
+
+    def trainer(self) -> TrainerInfo:
+        return TrainerInfo(
+            self.gpus_in(Role.TRAIN), self.version, self.trainer_busy,
+            self.queued_micro_batches, len(self.accumulated), self.queued_optimizer_steps,
+        )
+
+    def batch(self, step: int) -> tuple[TrajectoryId, ...]:
+        return self._batches[step]
+
+    def trajectory(self, trajectory: TrajectoryId) -> TrajectoryInfo:
+        try:
+            return self.trajs[trajectory].info()
+        except KeyError:
+            raise PolicyError(f"unknown trajectory {trajectory!r}") from None
+
+    def finished(self, step: int | None = None) -> tuple[TrajectoryId, ...]:
+        """Finished, not yet trained/dropped, not in a queued micro-batch; finish order."""
+        return tuple(
+            t for t in self._finished
+            if not self.trajs[t].in_micro_batch and (step is None or self.trajs[t].step == step)
+        )
+
+    def unfinished(self, step: int) -> int:
+        return self._unfinished[step]
+
+    # ------------------------------------------------------------- driver API
+    def advance(self, now: float) -> None:
+        if now < self._now:
+            raise AssertionError(f"time went backwards: {now} < {self._now}")
+        self._now = now
+
+    def least_loaded(self) -> EngineId:
+        best = min(
+            (s for s in self.engines_.values() if not s.draining),
+            key=lambda s: (len(s.running) + len(s.queue), s.id),
+            default=None,
+        )
+        if best is None:
+            raise PolicyError("Dispatch with no rollout engine: reassign GPUs to ROLLOUT first")
+        return best.id
+
+    def mark_active(self, tid: TrajectoryId, status: TrajStatus, engine: EngineId) -> None:
+        t = self.trajs[tid]
+        if t.status in _DISPATCHABLE:
+            t.dispatches += 1
+            if t.dispatches == 1:
+                t.dispatch_time = self._now
+        t.status, t.engine = status, engine
+
+    def mark_finished(self, tid: TrajectoryId, status: TrajStatus) -> None:
+        t = self.trajs[tid]
+        t.status = status
+        t.finish_time = self._now
+        t.finish_status = status
+        self._unfinished[t.step] -= 1
+        self._finished[tid] = None
+
+    def mark_resumable(self, tid: TrajectoryId) -> None:
+        """An INTERRUPTED trajectory was dispatched again: it is unfinished once more."""
+        t = self.trajs[tid]
+        self._finished.pop(tid, None)
+        self._unfinished[t.step] += 1
+
+    def mark_trained(self, tids: Iterable[TrajectoryId], version: int) -> None:
+        for tid in tids:
+            t = self.trajs[tid]
+            t.status, t.trained_version, t.in_micro_batch = TrajStatus.TRAINED, version, False
+            self._finished.pop(tid, None)
+
+    def mark_dropped(self, tids: Iterable[TrajectoryId]) -> None:
+        for tid in tids:
+            t = self.trajs[tid]
+            t.status = TrajStatus.DROPPED
+            self._finished.pop(tid, None)
+
+    # --------------------------------------------------------------- legality
+    def check(self, cmd: Command) -> None:
+        """Raise PolicyError if ``cmd`` is illegal now. Changes nothing."""
+        match cmd:
+            case Dispatch(trajectories=tids, engine=e):
+                for tid in tids:
+                    st = self._traj(tid, cmd).status
+                    if st not in _DISPATCHABLE:
+                        raise PolicyError(f"Dispatch of {tid!r} which is {st}, not pending/interrupted")
+                if e is not None and (e not in self.engines_ or self.engines_[e].draining):
+                    raise PolicyError(f"Dispatch to engine {e}, which is not an active rollout engine")
+                if e is None and tids:
+                    self.least_loaded()
+            case Reassign(gpus=gpus, role=role):
+                self._check_reassign(gpus, role)
+            case TrainMicroBatch(trajectories=tids) | Train(trajectories=tids):
+                if not tids:
+                    raise PolicyError(f"{type(cmd).__name__} with no trajectories")
+                at_version = self.version + self.queued_optimizer_steps
+                for tid in tids:
+                    t = self._traj(tid, cmd)
+                    if not t.status.finished or t.in_micro_batch:
+                        raise PolicyError(f"training {tid!r} which is {t.status}, not finished")
+                    if t.min_version >= 0 and at_version - t.min_version > self.max_staleness:
+                        raise PolicyError(
+                            f"training {tid!r} (generated by version {t.min_version}) at version "
+                            f"{at_version} exceeds staleness bound {self.max_staleness}"
+                        )
+            case OptimizerStep():
+                pass
+            case SyncWeights(engines=es):
+                for e in es or ():
+                    if e not in self.engines_:
+                        raise PolicyError(f"SyncWeights to engine {e}, which is not a rollout engine")
+            case Interrupt(trajectories=tids):
+                for tid in tids:
+                    if self._traj(tid, cmd).status not in _ACTIVE:
+                        raise PolicyError(f"Interrupt of {tid!r} which is not queued or running")
+            case Drop(trajectories=tids):
+                for tid in tids:
+                    t = self._traj(tid, cmd)
+                    if not t.status.finished and t.status is not TrajStatus.PENDING:
+                        raise PolicyError(f"Drop of {tid!r} which is {t.status}")
+                    if t.in_micro_batch:
+                        raise PolicyError(f"Drop of {tid!r} which is in a queued micro-batch")
+            case SetTimer(at=at):
+                if not at >= self._now:
+                    raise PolicyError(f"SetTimer at {at} which is before now ({self._now})")
+            case _:
+                raise PolicyError(f"unknown command {cmd!r}")
+
+    def _traj(self, tid: TrajectoryId, cmd: Command) -> TrajState:
+        t = self.trajs.get(tid)
+        if t is None:
+            raise PolicyError(f"{type(cmd).__name__} names unknown trajectory {tid!r}")
+        return t
+
+    def _check_reassign(self, gpus: tuple[GpuId, ...], role: Role) -> None:
+        if not gpus:
+            raise PolicyError("Reassign with no GPUs")
+        if len(set(gpus)) != len(gpus):
+            raise PolicyError(f"Reassign names a GPU twice: {gpus}")
+        if role is Role.SWITCHING:
+            raise PolicyError("Reassign to SWITCHING: the driver sets that role itself")
+        for g in gpus:
+            if not 0 <= g < self._num_gpus:
+                raise PolicyError(f"Reassign of GPU {g}: the cluster has GPUs 0..{self._num_gpus - 1}")
+            if self.roles[g] is Role.SWITCHING:
+                raise PolicyError(f"Reassign of GPU {g}, which is already switching")
+            if self.roles[g] is role:
+                raise PolicyError(f"Reassign of GPU {g} to {role}, which it already has")
+        sel = set(gpus)
+        touched = {self.engine_of(g) for g in gpus}
+        for e in touched:
+            whole = set(self.engine_gpus(e)) <= sel
+            if role is Role.ROLLOUT and not whole:
+                raise PolicyError(f"Reassign to ROLLOUT must cover whole engines; engine {e} is partial")
+            if e in self.engines_ and not whole:
+                raise PolicyError(f"Reassign takes part of rollout engine {e}; move whole engines")

@@ -1,0 +1,84 @@
+"""The read-only view of the cluster a policy decides from.
+
+A policy sees *what a real scheduler could know*: roles, engines and their load, the
+trainer, which trajectories exist for which step and how far they have got -- never the
+future (how long a trajectory will run). Everything returned is an immutable snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from .ids import EngineId, GpuId, Role, TaskId, TrajectoryId, TrajStatus
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """One rollout engine: ``tp`` GPUs serving one model replica."""
+
+    id: EngineId
+    gpus: tuple[GpuId, ...]
+    running: int  # admitted trajectories (generating or in tool time), KV held
+    queued: int  # dispatched here, waiting for KV capacity
+    version: int  # weights version it generates with
+    kv_used: int  # tokens of KV cache in use
+    kv_capacity: int  # tokens of KV cache the engine can hold
+    draining: bool  # leaving rollout; takes no new work
+    syncing: bool  # paused while new weights arrive
+
+    @property
+    def load(self) -> int:
+        return self.running + self.queued
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerInfo:
+    """The training job over the GPUs in role ``TRAIN``."""
+
+    gpus: tuple[GpuId, ...]
+    version: int  # version of the weights it holds (optimizer steps taken)
+    busy: bool  # a micro-batch or optimizer step is running
+    queued_micro_batches: int
+    accumulated: int  # trajectories whose gradients await the next optimizer step
+    queued_optimizer_steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryInfo:
+    """What is known about one trajectory so far (never its future length)."""
+
+    id: TrajectoryId
+    task_id: TaskId
+    step: int  # the step whose batch it belongs to
+    status: TrajStatus
+    engine: EngineId | None
+    turns_done: int
+    tokens: int  # context tokens so far (prompt + generated)
+    min_version: int  # oldest weights version that generated any of its kept tokens (-1: none)
+
+
+@runtime_checkable
+class ClusterView(Protocol):
+    """Read-only cluster state handed to policies with every event."""
+
+    @property
+    def now(self) -> float: ...
+    @property
+    def num_gpus(self) -> int: ...
+    @property
+    def tp(self) -> int: ...
+    @property
+    def num_steps(self) -> int: ...
+
+    def role(self, gpu: GpuId) -> Role: ...
+    def gpus_in(self, role: Role) -> tuple[GpuId, ...]: ...
+    def engine_of(self, gpu: GpuId) -> EngineId: ...
+    def engine_gpus(self, engine: EngineId) -> tuple[GpuId, ...]: ...
+    def engines(self) -> tuple[EngineId, ...]: ...
+    def engine(self, engine: EngineId) -> EngineInfo: ...
+    def trainer(self) -> TrainerInfo: ...
+    def batch(self, step: int) -> tuple[TrajectoryId, ...]: ...
+    def trajectory(self, trajectory: TrajectoryId) -> TrajectoryInfo: ...
+    def finished(self, step: int | None = None) -> tuple[TrajectoryId, ...]: ...
+    def unfinished(self, step: int) -> int: ...

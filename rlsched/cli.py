@@ -1,0 +1,74 @@
+"""The ``rlsched`` command line: the composition root.
+
+Errors a user can cause arrive here as :class:`~rlsched.cluster.errors.RlschedError` and
+leave as one line on stderr and exit code 2 -- no traceback. Subcommand groups live in
+their own modules (``cli_trace``, ``cli_report``, ...) and are attached in :func:`build_app`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from rlsched.cluster.errors import RlschedError
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print one error line and exit; the single place the CLI turns errors into exits."""
+    typer.echo(f"rlsched: error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def build_app() -> typer.Typer:
+    app = typer.Typer(
+        name="rlsched",
+        help="Compare RL rollout/train scheduling policies on traces, then run them live.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    from rlsched import cli_run
+
+    cli_run.register(app)
+    try:
+        from rlsched import cli_trace
+    except ImportError:  # pragma: no cover - during bootstrap only
+        cli_trace = None  # type: ignore[assignment]
+    if cli_trace is not None:
+        app.add_typer(cli_trace.trace_app, name="trace")
+    try:
+        from rlsched import cli_report
+    except ImportError:  # pragma: no cover - during bootstrap only
+        cli_report = None  # type: ignore[assignment]
+    if cli_report is not None:
+        cli_report.register(app)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    app = build_app()
+    try:
+        app(args=argv, prog_name="rlsched", standalone_mode=False)
+    except RlschedError as err:
+        typer.echo(f"rlsched: error: {err}", err=True)
+        return err.exit_code
+    except KeyboardInterrupt:
+        typer.echo("rlsched: interrupted", err=True)
+        return 130
+    except typer.Exit as ex:
+        return ex.exit_code
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            return 2
+        if isinstance(exc, click.exceptions.Abort):
+            return 130
+        raise
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""rlsched.traces"""
