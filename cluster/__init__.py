@@ -13,7 +13,14 @@ from .commands import (
     Train,
     TrainMicroBatch,
 )
-from .errors import ConfigError, LiveBackendError, PolicyError, RecordError, RlschedError, TraceError
+from .errors import (
+    ConfigError,
+    LiveBackendError,
+    PolicyError,
+    RecordError,
+    RlschedError,
+    TraceError,
+)
 from .events import (
     EngineIdle,
     Event,

@@ -47,7 +47,7 @@ class Reassign(Command):
     """
 
     gpus: tuple[GpuId, ...]
-    role: "Role"
+    role: Role
     drain: Drain = Drain.MIGRATE
 
 

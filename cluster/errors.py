@@ -33,3 +33,9 @@ class RecordError(RlschedError):
 
 class LiveBackendError(RlschedError):
     """The live backend cannot start: missing extra, no free slots, bad checkpoint."""
+
+
+class InvariantViolation(RuntimeError):
+    """A driver or policy broke an invariant (GPU in two roles, a lost trajectory, tokens
+    not conserved, time going backwards, staleness over the bound). Always a bug, never
+    the user's input: the message says which invariant and where."""

@@ -1,0 +1,117 @@
+"""The policy registry: names -> classes, specs -> configured policy objects.
+
+A spec is ``NAME`` or ``NAME:key=value,key=value``. Names are unique: registering a
+second class under a taken name is an error, never a silent overwrite. Third-party
+policies register through the ``rlsched.policies`` entry-point group (each entry point
+names a policy class) and are loaded on first lookup.
+"""
+
+from __future__ import annotations
+
+import difflib
+from importlib.metadata import entry_points
+from typing import Any
+
+from rlsched.cluster.errors import PolicyError
+from rlsched.cluster.policy import Param, Policy
+
+_REGISTRY: dict[str, type] = {}
+_ENTRY_POINTS_LOADED = False
+ENTRY_POINT_GROUP = "rlsched.policies"
+
+
+def register(cls: type) -> type:
+    """Class decorator: add a policy class under ``cls.name``."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name:
+        raise PolicyError(f"{cls.__qualname__} has no `name` class attribute")
+    if not isinstance(getattr(cls, "params", None), tuple):
+        raise PolicyError(f"policy {name}: `params` must be a tuple of Param")
+    if name in _REGISTRY and _REGISTRY[name] is not cls:
+        raise PolicyError(
+            f"policy name {name!r} is already registered by {_REGISTRY[name].__module__}."
+            f"{_REGISTRY[name].__qualname__}"
+        )
+    _REGISTRY[name] = cls
+    return cls
+
+
+def _load_entry_points() -> None:
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            cls = ep.load()
+        except Exception as exc:  # a broken plugin must not take the CLI down silently
+            raise PolicyError(f"policy plugin {ep.name!r} ({ep.value}) failed to load: {exc}") from None
+        if getattr(cls, "name", None) in _REGISTRY and _REGISTRY[cls.name] is cls:
+            continue
+        register(cls)
+
+
+def available() -> dict[str, type]:
+    _load_entry_points()
+    return dict(sorted(_REGISTRY.items()))
+
+
+def get_policy_class(name: str) -> type:
+    reg = available()
+    if name not in reg:
+        near = difflib.get_close_matches(name, reg, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise PolicyError(f"unknown policy {name!r}{hint}; available: {', '.join(reg)}")
+    return reg[name]
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """Split ``NAME:key=value,...`` into the name and raw string values."""
+    spec = spec.strip()
+    name, _, rest = spec.partition(":")
+    name = name.strip()
+    if not name:
+        raise PolicyError(f"policy spec {spec!r}: expected NAME or NAME:key=value,...")
+    raw: dict[str, str] = {}
+    if rest.strip():
+        for item in rest.split(","):
+            key, eq, value = item.partition("=")
+            key = key.strip()
+            if not eq or not key or not value.strip():
+                raise PolicyError(f"policy spec {spec!r}: {item.strip()!r} is not key=value")
+            if key in raw:
+                raise PolicyError(f"policy spec {spec!r}: parameter {key!r} given twice")
+            raw[key] = value.strip()
+    return name, raw
+
+
+def resolve_params(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
+    """Convert raw values with the class's declared Params; fill defaults."""
+    params: dict[str, Param] = {p.name: p for p in cls.params}
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in params:
+            near = difflib.get_close_matches(key, params, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            known = ", ".join(params) or "none"
+            raise PolicyError(f"policy {cls.name}: unknown parameter {key!r}{hint}; parameters: {known}")
+        try:
+            out[key] = params[key].parse(value, policy=cls.name)
+        except ValueError as err:
+            raise PolicyError(str(err)) from None
+    for p in cls.params:
+        out.setdefault(p.name, p.default)
+    return out
+
+
+def make_policy(spec: str) -> Policy:
+    """Build a configured policy object from a spec string."""
+    name, raw = parse_spec(spec)
+    cls = get_policy_class(name)
+    return cls(**resolve_params(cls, raw))
+
+
+def canonical_spec(policy: Policy) -> str:
+    """``NAME:key=value,...`` with every parameter, so a record says exactly what ran."""
+    values = ",".join(f"{p.name}={getattr(policy, p.name)}" for p in type(policy).params)
+    return f"{policy.name}:{values}" if values else policy.name

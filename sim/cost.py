@@ -1,0 +1,168 @@
+"""The simulator's cost model: every timing constant in one frozen object.
+
+Defaults describe one documented reference setup -- a dense 32B decoder (Qwen2.5-32B
+shape) served on tp=4 engines of NVIDIA H200 SXM GPUs and trained with Megatron-style
+data/tensor parallelism -- with a source or a stated assumption for each constant (see
+``sim/COST_MODEL.md``). ``rlsched calibrate`` replaces them with measured values; a cost
+model file (TOML or JSON) holds any subset of the fields.
+
+Formulas (all times in seconds, per engine of ``tp`` GPUs):
+
+* decode step, batch ``B`` sequences holding ``C`` context tokens in total::
+
+      t_step = decode_overhead_s + max(
+          (weight_bytes + kv_bytes_per_token * C) / tp / (hbm_bw * decode_bw_eff),
+          2 * params * B / (tp * peak_flops * decode_compute_eff))
+
+  every sequence in the batch gains one token per step (shared-rate server).
+* prefill of ``p`` new tokens after ``c`` cached ones::
+
+      (2 * params * p + 4 * layers * d_model * p * (c + p / 2)) / (tp * peak_flops * prefill_eff)
+
+* training a sequence of ``S`` tokens (forward + backward, causal attention)::
+
+      flops = 6 * params * S + 6 * layers * d_model * S**2
+
+  at ``train_mfu`` of peak on the trainer's GPUs; an optimizer step costs
+  ``optimizer_step_s``.
+* weight sync: ``sync_latency_s + weight_bytes / sync_bw`` (engines pause meanwhile).
+* role switch: ``switch_s`` per GPU group (offload/onload, process-group rebuild).
+* migration of a trajectory's context: the cheaper of a KV transfer
+  (``kv_bytes_per_token * ctx / kv_transfer_bw``) and re-prefilling it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from rlsched.cluster.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    # model (Qwen2.5-32B shape)
+    params: float = 32.5e9
+    layers: int = 64
+    d_model: int = 5120
+    kv_heads: int = 8
+    head_dim: int = 128
+    bytes_per_param: float = 2.0  # bf16 weights
+    kv_bytes_per_elem: float = 2.0  # bf16 KV cache
+    # GPU (H200 SXM datasheet)
+    hbm_bytes: float = 141e9
+    hbm_bw: float = 4.8e12
+    peak_flops: float = 989e12  # dense BF16
+    gpu_mem_util: float = 0.9  # fraction vLLM may use (its default)
+    # achieved efficiencies (assumptions, to be calibrated)
+    decode_bw_eff: float = 0.6
+    decode_compute_eff: float = 0.5
+    decode_overhead_s: float = 0.004
+    prefill_eff: float = 0.5
+    train_mfu: float = 0.35
+    max_num_seqs: int = 256  # vLLM's default batch cap
+    # interconnect and orchestration
+    sync_bw: float = 25e9
+    sync_latency_s: float = 1.0
+    kv_transfer_bw: float = 50e9
+    switch_s: float = 8.0
+    optimizer_step_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ConfigError(f"cost model: {f.name}={v!r}: expected a finite number")
+            if v < 0 or (v == 0 and f.name not in _MAY_BE_ZERO):
+                raise ConfigError(f"cost model: {f.name}={v!r}: must be > 0")
+        if self.kv_capacity_tokens(1) < 1 and self.kv_capacity_tokens(8) < 1:
+            raise ConfigError("cost model: the model's weights do not fit in GPU memory")
+
+    # ---------------------------------------------------------------- derived
+    @property
+    def weight_bytes(self) -> float:
+        return self.params * self.bytes_per_param
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes_per_elem
+
+    def kv_capacity_tokens(self, tp: int) -> int:
+        free = tp * self.hbm_bytes * self.gpu_mem_util - self.weight_bytes
+        return max(0, int(free // self.kv_bytes_per_token))
+
+    def decode_step_s(self, tp: int, batch: int, context: float) -> float:
+        mem = (self.weight_bytes + self.kv_bytes_per_token * context) / (
+            tp * self.hbm_bw * self.decode_bw_eff
+        )
+        comp = 2 * self.params * batch / (tp * self.peak_flops * self.decode_compute_eff)
+        return self.decode_overhead_s + (mem if mem > comp else comp)
+
+    def prefill_s(self, tp: int, new: float, cached: float) -> float:
+        flops = 2 * self.params * new + 4 * self.layers * self.d_model * new * (cached + new / 2)
+        return flops / (tp * self.peak_flops * self.prefill_eff)
+
+    def train_flops(self, tokens: float, prefix: float = 0.0) -> float:
+        """FLOPs to train ``tokens`` new tokens that attend to ``prefix`` earlier ones."""
+        end = prefix + tokens
+        return 6 * self.params * tokens + 6 * self.layers * self.d_model * (end * end - prefix * prefix)
+
+    def train_s(self, flops: float, gpus: int) -> float:
+        return flops / (gpus * self.peak_flops * self.train_mfu)
+
+    def sync_s(self) -> float:
+        return self.sync_latency_s + self.weight_bytes / self.sync_bw
+
+    def migrate_s(self, tp: int, context: float) -> tuple[float, bool]:
+        """(seconds, by_prefill): the cheaper way to move ``context`` tokens of KV."""
+        transfer = self.kv_bytes_per_token * context / self.kv_transfer_bw
+        prefill = self.prefill_s(tp, context, 0.0)
+        return (prefill, True) if prefill < transfer else (transfer, False)
+
+    # -------------------------------------------------------------------- I/O
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def with_overrides(self, overrides: dict[str, Any], source: str = "cost model") -> CostModel:
+        known = {f.name: f for f in fields(self)}
+        clean: dict[str, Any] = {}
+        for k, v in overrides.items():
+            if k not in known:
+                import difflib
+
+                near = difflib.get_close_matches(k, known, n=1)
+                hint = f" (did you mean {near[0]}?)" if near else ""
+                raise ConfigError(f"{source}: unknown cost-model field {k!r}{hint}")
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise ConfigError(f"{source}: {k}={v!r}: expected a number")
+            clean[k] = int(v) if known[k].type in ("int", int) and float(v).is_integer() else v
+        try:
+            return replace(self, **clean)
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {str(err).removeprefix('cost model: ')}") from None
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> CostModel:
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{p}: cannot read cost model ({exc.__class__.__name__})") from None
+        try:
+            data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{p}: not valid {p.suffix.lstrip('.') or 'TOML'}: {exc}") from None
+        if isinstance(data, dict) and isinstance(data.get("cost"), dict):
+            data = data["cost"]
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: expected a table of cost-model fields")
+        return cls().with_overrides(data, source=str(p))
+
+
+_MAY_BE_ZERO = frozenset(
+    {"decode_overhead_s", "sync_latency_s", "switch_s", "optimizer_step_s"}
+)

@@ -1,0 +1,63 @@
+"""Run invariants, checked in tests and by ``--check`` at run time.
+
+* no GPU in two roles: every rollout engine's GPUs have role ROLLOUT, every trainer GPU
+  has role TRAIN, and no GPU is in both;
+* every trajectory of a finished run ends trained or dropped (``lost`` = 0);
+* token conservation: every generated token is either kept in its trajectory or counted
+  as wasted;
+* monotone time (enforced by ``ClusterState.advance``) and staleness within the policy's
+  bound (enforced by ``ClusterState.check`` and re-checked here on the result).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rlsched.cluster.errors import InvariantViolation
+from rlsched.cluster.ids import Role, TrajStatus
+
+if TYPE_CHECKING:
+    from .driver import SimDriver, SimResult
+
+
+def check_roles(driver: SimDriver) -> None:
+    st = driver.state
+    seen: dict[int, str] = {}
+    for e, es in st.engines_.items():
+        for g in es.gpus:
+            if st.roles[g] is not Role.ROLLOUT:
+                raise InvariantViolation(f"t={st.now:.3f}: GPU {g} serves engine {e} but has role {st.roles[g]}")
+            seen[g] = f"engine {e}"
+    for g in driver.trainer.gpus:
+        if g in seen:
+            raise InvariantViolation(f"t={st.now:.3f}: GPU {g} is in the trainer and in {seen[g]}")
+        if st.roles[g] is not Role.TRAIN:
+            raise InvariantViolation(f"t={st.now:.3f}: GPU {g} is in the trainer but has role {st.roles[g]}")
+
+
+def lost_trajectories(result: SimResult) -> list[str]:
+    done = (TrajStatus.TRAINED, TrajStatus.DROPPED)
+    return [t for t, ts in result.state.trajs.items() if ts.status not in done]
+
+
+def check_result(result: SimResult, driver: SimDriver) -> None:
+    check_roles(driver)
+    lost = lost_trajectories(result)
+    if lost:
+        raise InvariantViolation(
+            f"{len(lost)} trajectories neither trained nor dropped, e.g. {lost[0]!r} "
+            f"({result.state.trajs[lost[0]].status})"
+        )
+    bound = driver.state.max_staleness
+    for tid, ts in result.state.trajs.items():
+        t = result.trajs[tid]
+        kept = 0 if ts.status is TrajStatus.DROPPED else t.output_kept
+        if t.generated != kept + t.wasted:
+            raise InvariantViolation(
+                f"{tid}: generated {t.generated} tokens but kept {kept} + wasted {t.wasted}"
+            )
+        if ts.status is TrajStatus.TRAINED and ts.trained_version - ts.min_version > bound:
+            raise InvariantViolation(
+                f"{tid}: trained at version {ts.trained_version} from version {ts.min_version}, "
+                f"over the staleness bound {bound}"
+            )

@@ -1,0 +1,109 @@
+"""Run one policy on one trace in the simulator and write its run record."""
+
+from __future__ import annotations
+
+import time as wallclock
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rlsched.cluster.config import RunConfig
+from rlsched.cluster.policy import Policy
+from rlsched.cluster.record import RunRecorder
+from rlsched.cluster.ids import TrajStatus
+
+from .bound import lower_bound
+from .cost import CostModel
+from .driver import Progress, SimDriver, SimResult
+from .invariants import check_result
+from .workload import Batches, Workload
+
+
+@dataclass(frozen=True)
+class SimOutcome:
+    result: SimResult
+    lower_bound_seconds: float
+    record_dir: Path | None
+
+
+def simulate(
+    workload: Workload,
+    batches: Batches,
+    policy: Policy,
+    config: RunConfig,
+    cost: CostModel,
+    *,
+    out_dir: Path | None = None,
+    spec: str | None = None,
+    meta: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> SimOutcome:
+    """Replay ``batches`` under ``policy``; write a run record to ``out_dir`` if given."""
+    recorder = RunRecorder(out_dir) if out_dir is not None else None
+    t0 = wallclock.perf_counter()
+    driver = SimDriver(workload, batches, policy, config, cost, recorder=recorder, progress=progress)
+    result = driver.run()
+    bound = lower_bound(workload, batches, cost, config, policy.max_staleness, policy.defers)
+    if config.check and result.complete:
+        check_result(result, driver)
+    if recorder is not None:
+        recorder.close(
+            trajectory_table(result, workload),
+            pd.DataFrame(result.steps, columns=["version", "time", "trajectories", "trained_tokens", "train_seconds", "max_staleness"]),
+            {
+                "driver": "sim",
+                "policy": spec or policy.name,
+                "policy_name": policy.name,
+                "num_gpus": config.gpus,
+                "tp": config.tp,
+                "num_steps": len(batches),
+                "steps_done": result.state.version,
+                "complete": result.complete,
+                "makespan_seconds": result.makespan,
+                "lower_bound_seconds": bound,
+                "max_staleness_bound": policy.max_staleness,
+                "seed": config.seed,
+                "config": _config_dict(config),
+                "cost_model": cost.to_dict(),
+                "wall_seconds": wallclock.perf_counter() - t0,
+                "events_processed": result.events_processed,
+                **(meta or {}),
+            },
+        )
+    return SimOutcome(result, bound, out_dir)
+
+
+def _config_dict(config: RunConfig) -> dict[str, Any]:
+    return {k: getattr(config, k) for k in config.__dataclass_fields__}
+
+
+def trajectory_table(result: SimResult, workload: Workload) -> pd.DataFrame:
+    st = result.state
+    rows = []
+    for tid, ts in st.trajs.items():
+        t = result.trajs[tid]
+        trained = ts.status is TrajStatus.TRAINED
+        rows.append((
+            tid, ts.task_id, ts.step, ts.status.value,
+            (ts.finish_status.value if ts.finish_status else ""),
+            ts.dispatch_time, ts.finish_time, ts.trained_version, ts.min_version, ts.max_version,
+            t.n_turns, ts.turns_done, t.prompt_kept, t.output_kept,
+            t.ctx if trained else 0, t.wasted, ts.dispatches, ts.migrations,
+        ))
+    cols = ["trajectory", "task_id", "step", "status", "finish_status", "dispatch_time",
+            "finish_time", "trained_version", "min_version", "max_version", "turns_total",
+            "turns_done", "prompt_tokens", "output_tokens", "trained_tokens", "wasted_tokens",
+            "dispatches", "migrations"]
+    df = pd.DataFrame(rows, columns=cols)
+    for c in ("dispatch_time", "finish_time"):
+        df[c] = df[c].astype(np.float64)
+    return df
+
+
+def batches_from_ids(workload: Workload, steps: Sequence[Sequence[str]]) -> list[list[tuple[str, str]]]:
+    """Batches where run ids equal trace ids (no repeats)."""
+    return [[(t, t) for t in step] for step in steps]
