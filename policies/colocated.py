@@ -37,17 +37,24 @@ class Colocated:
 
     def __init__(self) -> None:
         self._step = 0
+        self._rolling_out = False
 
     def reset(self, view: ClusterView, rng: random.Random) -> None:
         self._step = 0
+        self._rolling_out = False
 
     def on_event(self, event: Event, view: ClusterView) -> Sequence[Command]:
+        # Events are delivered one by one after the state has moved on, so several
+        # TrajectoryFinished events may all see the step complete: the phase flag makes
+        # the switch to training happen exactly once.
         match event:
             case RunStarted():
                 return [Reassign(all_gpus(view), Role.ROLLOUT)]
             case RolesChanged(role=Role.ROLLOUT):
+                self._rolling_out = True
                 return [Dispatch(view.batch(self._step))]
-            case TrajectoryFinished() if view.unfinished(self._step) == 0:
+            case TrajectoryFinished() if self._rolling_out and view.unfinished(self._step) == 0:
+                self._rolling_out = False
                 return [Reassign(all_gpus(view), Role.TRAIN)]
             case RolesChanged(role=Role.TRAIN):
                 return [Train(view.finished(self._step))]

@@ -1,0 +1,55 @@
+"""Terminal output: progress bars and summary tables (stderr for chatter, stdout for results)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import cache
+
+import pandas as pd
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+
+@cache
+def console_err() -> Console:
+    return Console(stderr=True)
+
+
+@contextmanager
+def step_progress(specs: Sequence[str], steps: int) -> Iterator:
+    """Yield a ``(policy, done, total, sim_time)`` callback driving one bar per policy."""
+    progress = Progress(
+        TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("steps  sim t={task.fields[now]:>9.0f}s"), TimeElapsedColumn(),
+        console=console_err(), transient=False, disable=not console_err().is_terminal,
+    )
+    tasks = {s: progress.add_task(s[:40], total=steps, now=0.0) for s in specs}
+
+    def update(spec: str, done: int, total: int, now: float) -> None:
+        progress.update(tasks[spec], completed=done, now=now)
+
+    with progress:
+        yield update
+
+
+def print_summary(summary: pd.DataFrame) -> None:
+    table = Table(title="policy comparison (simulated)")
+    cols = [c for c in ("policy", "steps", "sim_seconds", "steps_per_hour", "lower_bound_seconds",
+                        "gpu_utilization", "trained_tokens", "max_staleness", "lost_trajectories")
+            if c in summary.columns]
+    for c in cols:
+        table.add_column(c, justify="left" if c == "policy" else "right")
+    for _, row in summary.iterrows():
+        cells = []
+        for c in cols:
+            v = row[c]
+            if isinstance(v, float):
+                cells.append(f"{v:.3f}" if c == "gpu_utilization" else f"{v:,.1f}")
+            elif isinstance(v, int):
+                cells.append(f"{v:,}")
+            else:
+                cells.append(str(v))
+        table.add_row(*cells)
+    Console().print(table)

@@ -1,0 +1,49 @@
+"""Helpers for simulator tests: tiny traces and a cost model whose timeline is easy to
+compute by hand (decode step = 1 s whatever the batch, everything else ~free)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from rlsched.cluster.config import RunConfig
+from rlsched.policies import make_policy
+from rlsched.sim.cost import CostModel
+from rlsched.sim.run import SimOutcome, simulate
+from rlsched.sim.workload import Workload
+
+# 1e9 weight bytes read at 1e9 B/s per decode step -> exactly 1 s per step (tp=1);
+# compute so fast that prefill, training and the batch term are ~1e-9 s; KV negligible.
+HAND_COST = CostModel(
+    params=0.5e9, layers=1, d_model=1, kv_heads=1, head_dim=1, bytes_per_param=2.0,
+    kv_bytes_per_elem=1e-9, hbm_bytes=10e9, hbm_bw=1e9, peak_flops=1e21, gpu_mem_util=0.9,
+    decode_bw_eff=1.0, decode_compute_eff=1.0, decode_overhead_s=0.0, prefill_eff=1.0,
+    train_mfu=1.0, max_num_seqs=256, sync_bw=1e21, sync_latency_s=0.0, kv_transfer_bw=1e21,
+    switch_s=1.0, optimizer_step_s=0.0,
+)
+
+
+def trace(rows: Sequence[tuple[str, str, int, int, int, float]]) -> pd.DataFrame:
+    """rows: (task, trajectory, turn, prompt_tokens, output_tokens, env_seconds)."""
+    return pd.DataFrame(
+        rows, columns=["task_id", "trajectory_id", "turn", "prompt_tokens", "output_tokens", "env_seconds"]
+    )
+
+
+def run(
+    df: pd.DataFrame,
+    steps: Sequence[Sequence[str]],
+    spec: str,
+    *,
+    gpus: int = 2,
+    tp: int = 1,
+    cost: CostModel = HAND_COST,
+    out_dir=None,
+    check: bool = True,
+    **cfg,
+) -> SimOutcome:
+    w = Workload.from_frame(df)
+    batches = [[(t, t) for t in s] for s in steps]
+    config = RunConfig(gpus=gpus, tp=tp, steps=len(steps), check=check, **cfg)
+    return simulate(w, batches, make_policy(spec), config, cost, out_dir=out_dir, spec=spec)
