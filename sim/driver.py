@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import simpy
+
 from rlsched.cluster.commands import (
     Command,
     Dispatch,

@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 
 from rlsched.cluster.config import RunConfig
+from rlsched.cluster.ids import TrajStatus
 from rlsched.cluster.policy import Policy
 from rlsched.cluster.record import RunRecorder
-from rlsched.cluster.ids import TrajStatus
 
 from .bound import lower_bound
 from .cost import CostModel

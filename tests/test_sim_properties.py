@@ -6,9 +6,10 @@ from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from simkit import HAND_COST, run, trace
 
 from rlsched.policies import available
+
+from simkit import HAND_COST, run, trace
 
 SPECS = [
     "colocated",

@@ -2,9 +2,10 @@
 token per sequence, role switch = 1 s, everything else ~0)."""
 
 import pytest
-from simkit import run, trace
 
 from rlsched.cluster.record import read_run
+
+from simkit import run, trace
 
 APPROX = dict(rel=1e-6, abs=1e-6)
 
