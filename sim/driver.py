@@ -76,7 +76,8 @@ class SimTraj:
     turn_version: int = -1
     kv_cached: bool = False
     moved_at: float = -1.0  # KV can be pulled from the engine it left at this time
-    env_token: int = 0
+    env_token: int = 0  # bumps cancel a pending tool-call completion
+    join_token: int = 0  # bumps cancel a pending join after a KV transfer
     in_env: bool = False
     sandbox: bool = False
     waiting_sandbox: bool = False
@@ -343,15 +344,15 @@ class SimDriver:
         t.turn_version = eng.version
         if delay > 0.0:
             # KV still in transit: the trajectory waits; the engine is not blocked.
-            token = t.env_token
+            token = t.join_token
             self._later(delay, lambda: self._join_after_prefill(tid, e, new, cached, token))
             return
-        self._join_after_prefill(tid, e, new, cached, t.env_token)
+        self._join_after_prefill(tid, e, new, cached, t.join_token)
 
     def _join_after_prefill(self, tid: str, e: int, new: int, cached: int, token: int) -> None:
         ts = self.state.trajs[tid]
         t = self.trajs[tid]
-        if token != t.env_token or ts.engine != e or ts.status is not TrajStatus.RUNNING:
+        if token != t.join_token or ts.engine != e or ts.status is not TrajStatus.RUNNING:
             return  # moved or interrupted while its KV was in transit
         t = self.trajs[tid]
         assert t.turns is not None
@@ -527,7 +528,7 @@ class SimDriver:
         es = self.state.engines_[e]
         eng = self.engines[e]
         t = self.trajs[tid]
-        t.env_token += 1  # cancels a pending KV-transfer join
+        t.join_token += 1  # cancels a pending KV-transfer join
         if tid in eng.members:
             produced = eng.leave(self.env.now, tid, self._turn_output(tid) - t.turn_progress)
             t.turn_progress += produced
@@ -611,6 +612,7 @@ class SimDriver:
     def _drain_engine(self, e: int, gid: int, role: Role, drain: Drain) -> None:
         es = self.state.engines_[e]
         es.draining = True
+        self._engine_switch[e] = (gid, role)
         others = [x for x in self.state.engines_.values() if not x.draining]
         if drain is not Drain.INTERRUPT and not others and (es.running or es.queue):
             drain = Drain.INTERRUPT  # nowhere to migrate to: keep progress, stop here
@@ -619,7 +621,6 @@ class SimDriver:
                 self._interrupt(tid, keep=True)
             elif drain is Drain.MIGRATE or tid in es.queue or self.trajs[tid].in_env:
                 self._move_out(tid, e)
-        self._engine_switch[e] = (gid, role)
         self._maybe_close_engine(e)
 
     def _maybe_close_engine(self, e: int) -> None:

@@ -56,7 +56,11 @@ def check_result(result: SimResult, driver: SimDriver) -> None:
             raise InvariantViolation(
                 f"{tid}: generated {t.generated} tokens but kept {kept} + wasted {t.wasted}"
             )
-        if ts.status is TrajStatus.TRAINED and ts.trained_version - ts.min_version > bound:
+        if (
+            ts.status is TrajStatus.TRAINED
+            and ts.min_version >= 0
+            and ts.trained_version - ts.min_version > bound
+        ):
             raise InvariantViolation(
                 f"{tid}: trained at version {ts.trained_version} from version {ts.min_version}, "
                 f"over the staleness bound {bound}"

@@ -47,7 +47,10 @@ def simulate(
     t0 = wallclock.perf_counter()
     driver = SimDriver(workload, batches, policy, config, cost, recorder=recorder, progress=progress)
     result = driver.run()
-    bound = lower_bound(workload, batches, cost, config, policy.max_staleness, policy.defers)
+    bound = lower_bound(
+        workload, batches, cost, config, policy.max_staleness, policy.defers,
+        turns_kept={t: ts.turns_done for t, ts in result.state.trajs.items()},
+    )
     if config.check and result.complete:
         check_result(result, driver)
     if recorder is not None:

@@ -16,6 +16,14 @@ SPECS = [
     "async:rollout_fraction=0.5,staleness=0",
     "async:rollout_fraction=0.5,staleness=1",
     "async:rollout_fraction=0.25,staleness=2",
+    "elastic",
+    "elastic:staleness=1",
+    "elastic:drain=finish_turn,tail=0.9,pack=4",
+    "elastic:drain=interrupt,tail=1.0",
+    "partial",
+    "partial:finish_fraction=0.5,mode=train",
+    "partial:finish_fraction=0.5,mode=drop",
+    "partial:finish_fraction=1.0,budget_s=3",
 ]
 
 

@@ -1,0 +1,133 @@
+"""``partial``: synchronous RL with partial rollout (Kimi k1.5 / APRIL style).
+
+Like ``colocated``, every GPU rolls out, then every GPU trains. But a step does not wait
+for its slowest trajectories: once ``finish_fraction`` of the step's trajectories have
+finished (or ``budget_s`` seconds have passed, if set), the rest are interrupted, keeping
+every finished turn. By ``mode`` they are then
+
+* ``resume``: dispatched again with the next step's batch, continuing from their last
+  finished turn, and trained with that step (their early tokens are then 1 version old:
+  staleness 1). A resumed trajectory is never interrupted again, and the last step
+  interrupts nothing, so every trajectory is trained exactly once;
+* ``train``: trained now as partial trajectories (staleness 0, fewer tokens);
+* ``drop``: dropped (counted as wasted in the run record, never silently).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import ClassVar
+
+from rlsched.cluster.commands import Command, Dispatch, Drop, Interrupt, Reassign, SetTimer, Train
+from rlsched.cluster.events import (
+    Event,
+    RolesChanged,
+    RunStarted,
+    TimerFired,
+    TrainStepFinished,
+    TrajectoryFinished,
+)
+from rlsched.cluster.ids import Role, TrajStatus
+from rlsched.cluster.policy import Param
+from rlsched.cluster.view import ClusterView
+
+from .common import all_gpus
+from .registry import register
+
+_ACTIVE = (TrajStatus.QUEUED, TrajStatus.RUNNING)
+
+
+@register
+class Partial:
+    name: ClassVar[str] = "partial"
+    params: ClassVar[tuple[Param, ...]] = (
+        Param("finish_fraction", "float", 0.75, "interrupt the rest once this share of the "
+              "step's trajectories finished", low=0.05, high=1.0),
+        Param("budget_s", "float", 0.0, "also interrupt after this many seconds of rollout "
+              "(0: no time budget)", low=0.0, high=1e7),
+        Param("mode", "choice", "resume", "what happens to interrupted trajectories",
+              choices=("resume", "train", "drop"), tunable=False),
+    )
+
+    def __init__(self, finish_fraction: float = 0.75, budget_s: float = 0.0, mode: str = "resume") -> None:
+        self.finish_fraction = finish_fraction
+        self.budget_s = budget_s
+        self.mode = mode
+        self.reset(None, random.Random(0))  # type: ignore[arg-type]
+
+    @property
+    def max_staleness(self) -> int:
+        return 1 if self.mode == "resume" else 0
+
+    @property
+    def defers(self) -> bool:
+        return self.mode == "resume"
+
+    def reset(self, view: ClusterView | None, rng: random.Random) -> None:
+        self._step = 0
+        self._rolling_out = False
+        self._cut = False
+        self._budget_passed = False
+        self._carried: tuple[str, ...] = ()  # interrupted in the previous step, resumed now
+
+    def on_event(self, event: Event, view: ClusterView) -> Sequence[Command]:
+        match event:
+            case RunStarted():
+                return [Reassign(all_gpus(view), Role.ROLLOUT)]
+            case RolesChanged(role=Role.ROLLOUT):
+                self._rolling_out, self._cut, self._budget_passed = True, False, False
+                cmds: list[Command] = [Dispatch(self._carried + view.batch(self._step))]
+                if self.budget_s > 0:
+                    cmds.append(SetTimer(view.now + self.budget_s, f"budget-{self._step}"))
+                return cmds
+            case TimerFired(tag=tag) if self._rolling_out and tag == f"budget-{self._step}":
+                self._budget_passed = True
+                return self._interrupt_rest(view) + self._maybe_train(view)
+            case TrajectoryFinished() if self._rolling_out:
+                cmds = []
+                batch = view.batch(self._step)
+                done = len(batch) - view.unfinished(self._step)
+                if self._budget_passed or done >= self.finish_fraction * len(batch):
+                    cmds += self._interrupt_rest(view)
+                return cmds + self._maybe_train(view)
+            case RolesChanged(role=Role.TRAIN):
+                return self._train(view)
+            case TrainStepFinished(version=v):
+                self._step = v
+                if v < view.num_steps:
+                    return [Reassign(all_gpus(view), Role.ROLLOUT)]
+        return []
+
+    def _interrupt_rest(self, view: ClusterView) -> list[Command]:
+        last = self._step == view.num_steps - 1
+        batch = view.batch(self._step)
+        if self._cut or (last and self.mode == "resume") or view.unfinished(self._step) == len(batch):
+            return []  # never cut a step before one of its trajectories finished
+        self._cut = True
+        live = tuple(t for t in view.batch(self._step) if view.trajectory(t).status in _ACTIVE)
+        return [Interrupt(live)] if live else []
+
+    def _maybe_train(self, view: ClusterView) -> list[Command]:
+        carried_live = any(view.trajectory(t).status in _ACTIVE for t in self._carried)
+        if view.unfinished(self._step) == 0 and not carried_live:
+            # unfinished() counts interrupted trajectories as finished
+            self._rolling_out = False
+            return [Reassign(all_gpus(view), Role.TRAIN)]
+        return []
+
+    def _train(self, view: ClusterView) -> list[Command]:
+        batch = set(view.batch(self._step)) | set(self._carried)
+        ready = [t for t in view.finished() if t in batch]
+        stopped = tuple(t for t in ready if view.trajectory(t).status is TrajStatus.INTERRUPTED)
+        done = tuple(t for t in ready if view.trajectory(t).status is not TrajStatus.INTERRUPTED)
+        cmds: list[Command] = []
+        self._carried = ()
+        if self.mode == "resume":
+            self._carried = stopped
+        elif self.mode == "train":
+            done = done + stopped
+        elif stopped:
+            cmds.append(Drop(stopped))
+        cmds.append(Train(done))  # non-empty: a step is only cut after a trajectory finished
+        return cmds
