@@ -1,0 +1,122 @@
+"""``rlsched trace gen|inspect|validate``: make, summarise and check trace files.
+
+Errors (bad file, unknown preset, bad value) are raised as ``RlschedError`` and turned into
+one line and exit code 2 by :mod:`rlsched.cli`; nothing here catches them.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rlsched.traces import (
+    PRESETS,
+    generate_trace,
+    load_trace,
+    sample_trace_path,
+    trace_stats,
+    write_trace,
+)
+
+trace_app = typer.Typer(
+    help="Make, inspect and validate rollout traces (one row per agent turn).",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+#: Above this many trajectories, ``gen`` shows a progress spinner on stderr.
+_BIG = 4096
+
+
+def _counts(df) -> str:
+    return (f"{len(df)} rows, {df['trajectory_id'].nunique()} trajectories, "
+            f"{df['task_id'].nunique()} tasks")
+
+
+@trace_app.command("gen")
+def gen(
+    out: Annotated[Path, typer.Option("--out", help="File to write (.parquet or .jsonl).")],
+    preset: Annotated[str, typer.Option(
+        "--preset", help=f"Generator preset: {', '.join(PRESETS)}.")] = "longtail-small",
+    seed: Annotated[int, typer.Option("--seed", help="Random seed (same seed, same trace).")]
+    = 0,
+    tasks: Annotated[int | None, typer.Option(
+        "--tasks", help="Override the number of tasks (groups).")] = None,
+    samples: Annotated[int | None, typer.Option(
+        "--samples", help="Override the samples per task (group size n).")] = None,
+    turns_scale: Annotated[float | None, typer.Option(
+        "--turns-scale", help="Multiply turns per trajectory by this.")] = None,
+    tokens_scale: Annotated[float | None, typer.Option(
+        "--tokens-scale", help="Multiply all token counts by this.")] = None,
+) -> None:
+    """Generate a long-tailed synthetic trace from a preset (see traces/SOURCES.md)."""
+    overrides: dict[str, float] = {}
+    for key, value in (("tasks", tasks), ("samples", samples), ("turns_scale", turns_scale),
+                       ("tokens_scale", tokens_scale)):
+        if value is not None:
+            overrides[key] = value
+    params = PRESETS.get(preset)
+    n_traj = ((overrides.get("tasks") or (params.tasks if params else 0))
+              * (overrides.get("samples") or (params.samples if params else 0)))
+    err = Console(stderr=True)
+    t0 = time.perf_counter()
+    if n_traj > _BIG:
+        with err.status(f"generating {n_traj:,} trajectories ({preset}, seed {seed})..."):
+            df = generate_trace(preset, seed=seed, **overrides)
+        with err.status(f"validating and writing {len(df):,} rows to {out}..."):
+            path = write_trace(df, out)
+    else:
+        df = generate_trace(preset, seed=seed, **overrides)
+        path = write_trace(df, out)
+    seconds = time.perf_counter() - t0
+    stats = trace_stats(df)
+    turns = stats.loc["turns_per_trajectory"]
+    ctx = stats.loc["context_tokens_per_trajectory"]
+    size = path.stat().st_size
+    typer.echo(f"wrote {path} ({size / 1e6:.2f} MB) in {seconds:.1f} s: {_counts(df)}; "
+               f"turns p50 {turns['p50']:.0f} max {turns['max']:.0f}; "
+               f"context max {ctx['max']:,.0f} tokens")
+
+
+def _fmt(metric: str, column: str, value: float) -> str:
+    if value != value:  # NaN
+        return ""
+    if "seconds" in metric and column != "count":
+        return f"{value:,.1f}"
+    return f"{value:,.0f}" if abs(value - round(value)) < 1e-9 or value >= 100 else f"{value:,.1f}"
+
+
+@trace_app.command("inspect")
+def inspect(
+    path: Annotated[Path | None, typer.Argument(
+        help="Trace file; default: the shipped sample traces/data/longtail-small.parquet.")]
+    = None,
+) -> None:
+    """Print percentiles of turns, tokens and env time, and counts, as a table."""
+    path = path or sample_trace_path()
+    df = load_trace(path)
+    stats = trace_stats(df)
+    table = Table(title=f"{path}: {_counts(df)}")
+    table.add_column("metric")
+    for col in stats.columns:
+        table.add_column(col, justify="right")
+    for metric, row in stats.iterrows():
+        table.add_row(str(metric), *(_fmt(str(metric), str(col), float(v))
+                                     for col, v in row.items()))
+    Console(width=max(100, Console().width)).print(table)
+
+
+@trace_app.command("validate")
+def validate(
+    path: Annotated[Path | None, typer.Argument(
+        help="Trace file; default: the shipped sample.")] = None,
+) -> None:
+    """Check a trace against the schema; print OK and its size, or the first problem."""
+    path = path or sample_trace_path()
+    df = load_trace(path)
+    typer.echo(f"OK: {_counts(df)}")

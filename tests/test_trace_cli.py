@@ -1,0 +1,72 @@
+"""``rlsched trace gen|inspect|validate`` through the real entry point."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from rlsched.cli import main
+from rlsched.traces import generate_trace, load_trace
+
+
+def test_gen_writes_the_trace_it_reports(tmp_path, capsys):
+    out = tmp_path / "t.parquet"
+    code = main(["trace", "gen", "--preset", "longtail-small", "--seed", "5", "--out", str(out),
+                 "--tasks", "6", "--samples", "4", "--turns-scale", "0.5",
+                 "--tokens-scale", "2"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out}" in printed and "24 trajectories, 6 tasks" in printed
+    expected = generate_trace("longtail-small", seed=5, tasks=6, samples=4, turns_scale=0.5,
+                              tokens_scale=2.0)
+    pd.testing.assert_frame_equal(load_trace(out), expected)
+
+
+def test_gen_jsonl(tmp_path, capsys):
+    out = tmp_path / "t.jsonl"
+    assert main(["trace", "gen", "--preset", "uniform", "--out", str(out), "--tasks", "2"]) == 0
+    assert len(load_trace(out)) == 2 * 8 * 20
+
+
+def test_validate_ok_and_default_sample(tmp_path, capsys):
+    assert main(["trace", "validate"]) == 0
+    assert capsys.readouterr().out.strip() == "OK: 22942 rows, 512 trajectories, 64 tasks"
+    out = tmp_path / "u.parquet"
+    main(["trace", "gen", "--preset", "uniform", "--out", str(out), "--tasks", "3"])
+    capsys.readouterr()
+    assert main(["trace", "validate", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == "OK: 480 rows, 24 trajectories, 3 tasks"
+
+
+def test_inspect_prints_the_table(capsys):
+    assert main(["trace", "inspect"]) == 0
+    out = capsys.readouterr().out
+    for word in ("turns_per_trajectory", "context_tokens_per_trajectory",
+                 "env_seconds_per_turn", "p99", "branched", "truncated"):
+        assert word in out
+
+
+def _one_error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.err and "Traceback" not in captured.out
+    return lines[0]
+
+
+def test_bad_trace_is_one_line_and_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"task_id": "a", "trajectory_id": "x", "turn": 0, "prompt_tokens": 3, '
+                   '"output_tokens": -1, "env_seconds": 0}\n')
+    assert main(["trace", "validate", str(bad)]) == 2
+    line = _one_error_line(capsys)
+    assert f"{bad}: line 1, column output_tokens: -1 — expected" in line
+    assert main(["trace", "inspect", str(tmp_path / "missing.parquet")]) == 2
+    assert "no such file" in _one_error_line(capsys)
+
+
+def test_bad_preset_and_override_exit_2(tmp_path, capsys):
+    out = str(tmp_path / "x.parquet")
+    assert main(["trace", "gen", "--preset", "swe-sed", "--out", out]) == 2
+    assert "did you mean 'swe-seed'" in _one_error_line(capsys)
+    assert main(["trace", "gen", "--preset", "uniform", "--tasks", "0", "--out", out]) == 2
+    assert "tasks=0" in _one_error_line(capsys)

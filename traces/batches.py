@@ -1,0 +1,129 @@
+"""Which trajectories of a trace each RL step uses (DESIGN.md: "a trace is a pool of tasks").
+
+Kept apart from loading so both drivers and the analysis draw steps the same way.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from rlsched.cluster.errors import ConfigError
+
+
+class DrawnTrajectory(NamedTuple):
+    """One trajectory of one step: the id it has in the run and the trace row it replays.
+
+    ``run_id`` equals ``trace_id`` the first time a trace trajectory is drawn; when the pool
+    cycles (more steps than tasks) its later uses get ``"<trace_id>#2"``, ``"#3"``, ... so
+    run ids stay unique across the whole run. It is a tuple: ``run, trace = drawn``.
+    """
+
+    run_id: str
+    trace_id: str
+
+
+def _check_count(name: str, value: int | None, *, allow_none: bool) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ConfigError(f"{name}={value!r} — expected a whole number >= 1")
+
+
+def _task_table(df: pd.DataFrame) -> tuple[list[str], dict[str, list[str]], dict[str, str]]:
+    """Tasks in file order, each task's trajectories in file order, and child -> parent."""
+    first = df.drop_duplicates("trajectory_id", keep="first")
+    tasks: dict[str, list[str]] = {}
+    for task, tid in zip(first["task_id"].tolist(), first["trajectory_id"].tolist(),
+                         strict=True):
+        tasks.setdefault(task, []).append(tid)
+    parents: dict[str, str] = {}
+    if "parent_trajectory_id" in first.columns:
+        has = first["parent_trajectory_id"].notna()
+        parents = dict(zip(first.loc[has, "trajectory_id"].tolist(),
+                           first.loc[has, "parent_trajectory_id"].tolist(), strict=True))
+    return list(tasks), tasks, parents
+
+
+def _cap(trajs: list[str], samples: int | None, parents: dict[str, str]) -> list[str]:
+    """The first ``samples`` trajectories, plus any ancestors they need (never orphan a fork)."""
+    if samples is None or samples >= len(trajs):
+        return trajs
+    keep = set(trajs[:samples])
+    available = set(trajs)
+    for tid in trajs[:samples]:
+        cur = parents.get(tid)
+        while cur is not None and cur not in keep and cur in available:
+            keep.add(cur)
+            cur = parents.get(cur)
+    return [t for t in trajs if t in keep]
+
+
+def draw_batches(df: pd.DataFrame, num_steps: int, tasks_per_step: int | None = None,
+                 samples_per_task: int | None = None) -> list[list[DrawnTrajectory]]:
+    """The trajectories step ``s`` (0-based) replays, as ``(run_id, trace_id)`` pairs.
+
+    ``df`` is a canonical trace (from ``load_trace``/``validate_trace``).
+
+    Without a ``step`` column the trace is a pool of tasks in file order: step ``s`` takes
+    tasks ``s*k .. s*k+k-1`` (``k = tasks_per_step``), wrapping around to the start of the
+    pool when it runs out, and every trajectory of each task (the whole group, so a fork is
+    always in its parent's step). ``tasks_per_step=None`` means ``max(1, tasks // num_steps)``,
+    so by default one pass over the pool covers the run.
+
+    With a ``step`` column, step ``s`` takes the rows of the ``s``-th distinct step value (in
+    ascending order, wrapping around when ``num_steps`` exceeds them); ``tasks_per_step``, if
+    given, keeps only the first that many tasks of that step.
+
+    ``samples_per_task`` keeps the first that many trajectories of each task in file order
+    (plus the ancestors any kept fork branches from); ``None`` keeps all.
+
+    A trace trajectory drawn again (the pool wrapped) gets run id ``"<id>#<k>"`` for its
+    k-th use. Raises :class:`ConfigError` for counts below 1.
+    """
+    _check_count("num_steps", num_steps, allow_none=False)
+    _check_count("tasks_per_step", tasks_per_step, allow_none=True)
+    _check_count("samples_per_task", samples_per_task, allow_none=True)
+    if len(df) == 0:
+        raise ConfigError("the trace has no rows — expected at least one task to draw")
+    order, trajs_of, parents = _task_table(df)
+    uses: dict[str, int] = {}
+
+    def run_ids(trace_ids: list[str]) -> list[DrawnTrajectory]:
+        out = []
+        for tid in trace_ids:
+            k = uses.get(tid, 0) + 1
+            uses[tid] = k
+            out.append(DrawnTrajectory(tid if k == 1 else f"{tid}#{k}", tid))
+        return out
+
+    steps: list[list[DrawnTrajectory]] = []
+    if "step" in df.columns:
+        first = df.drop_duplicates("trajectory_id", keep="first")
+        step_values = np.unique(first["step"].to_numpy(dtype=np.int64))
+        step_of = dict(zip(first["trajectory_id"].tolist(),
+                           first["step"].to_numpy(dtype=np.int64).tolist(), strict=True))
+        for s in range(num_steps):
+            value = int(step_values[s % len(step_values)])
+            chosen: list[str] = []
+            tasks_taken = 0
+            for task in order:
+                members = [t for t in trajs_of[task] if step_of[t] == value]
+                if not members:
+                    continue
+                if tasks_per_step is not None and tasks_taken >= tasks_per_step:
+                    break
+                tasks_taken += 1
+                chosen.extend(_cap(members, samples_per_task, parents))
+            steps.append(run_ids(chosen))
+        return steps
+
+    k = tasks_per_step if tasks_per_step is not None else max(1, len(order) // num_steps)
+    for s in range(num_steps):
+        chosen = []
+        for i in range(s * k, s * k + k):
+            chosen.extend(_cap(trajs_of[order[i % len(order)]], samples_per_task, parents))
+        steps.append(run_ids(chosen))
+    return steps

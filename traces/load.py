@@ -1,0 +1,209 @@
+"""Reading and writing trace files (Parquet or JSONL).
+
+Every failure a user can cause -- no file, empty file, a garbled or truncated Parquet file,
+bad UTF-8, a line that is not a JSON object -- becomes a one-line :class:`TraceError`
+naming the file (and the line, for JSONL). The frame is then checked by
+:func:`~rlsched.traces.schema.validate_trace`.
+
+Parquet files are written with one row group per RL step (when a ``step`` column exists) or
+per block of whole trajectories otherwise, so a reader can load one step via the row-group
+statistics (``load_trace(path, steps=[s])``) without reading the rest of the file.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rlsched.cluster.errors import TraceError
+from rlsched.traces.schema import validate_trace
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+JSONL_SUFFIXES = (".jsonl", ".json")
+#: Without a ``step`` column, a row group holds about this many whole trajectories.
+TRAJECTORIES_PER_ROW_GROUP = 2048
+_FORMAT_VERSION = "1"
+DATA_DIR = Path(__file__).resolve().parent / "data"
+SAMPLE_TRACE = "longtail-small"
+
+
+def sample_trace_path(name: str = SAMPLE_TRACE) -> Path:
+    """Path of a trace shipped in ``traces/data/`` (the default input of the CLI)."""
+    path = DATA_DIR / f"{name}.parquet"
+    if not path.exists():
+        shipped = sorted(p.stem for p in DATA_DIR.glob("*.parquet"))
+        raise TraceError(f"{path}: no shipped trace named {name!r} — expected one of "
+                         f"{', '.join(shipped) or 'none (traces/data/ is empty)'}")
+    return path
+
+
+def _one_line(text: object) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= 160 else line[:157] + "..."
+
+
+def _format_of(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in PARQUET_SUFFIXES:
+        return "parquet"
+    if suffix in JSONL_SUFFIXES:
+        return "jsonl"
+    with path.open("rb") as fh:
+        head = fh.read(64)
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "jsonl"
+    raise TraceError(f"{path}: unknown trace format (suffix {suffix or 'none'!r}, content is "
+                     f"neither Parquet nor JSON) — expected a .parquet or .jsonl file")
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise TraceError(f"{path}: no such file — expected a trace file (.parquet or .jsonl)")
+    if path.is_dir():
+        raise TraceError(f"{path}: is a directory — expected a trace file (.parquet or .jsonl)")
+    if path.stat().st_size == 0:
+        raise TraceError(f"{path}: empty file — expected a Parquet or JSONL trace")
+
+
+def _read_parquet(path: Path, steps: Iterable[int] | None,
+                  tasks: Iterable[str] | None) -> pd.DataFrame:
+    try:
+        pf = pq.ParquetFile(path)
+        filters = []
+        if steps is not None:
+            if "step" not in pf.schema_arrow.names:
+                raise TraceError(f"{path}: column 'step' is missing — expected a step column "
+                                 f"to load single steps")
+            filters.append(("step", "in", [int(s) for s in steps]))
+        if tasks is not None:
+            filters.append(("task_id", "in", [str(t) for t in tasks]))
+        table = pq.read_table(path, filters=filters) if filters else pf.read()
+    except TraceError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as err:
+        raise TraceError(f"{path}: not a readable Parquet file ({_one_line(err)}) — expected "
+                         f"an intact Parquet trace") from None
+    try:
+        return table.to_pandas()
+    except (pa.ArrowException, ValueError, TypeError) as err:
+        raise TraceError(f"{path}: Parquet columns cannot be read ({_one_line(err)}) — "
+                         f"expected plain string, integer, float and boolean columns") from None
+
+
+def _read_jsonl(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise TraceError(f"{path}: line {line}: byte 0x{data[err.start]:02x} is not UTF-8 — "
+                         f"expected UTF-8 text") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    if text.lstrip().startswith("["):
+        return _read_json_array(path, text)
+    records: list[dict] = []
+    lines: list[int] = []
+    decoder = json.JSONDecoder()
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = decoder.decode(raw)
+        except json.JSONDecodeError as err:
+            raise TraceError(f"{path}: line {number}: {err.msg} at column {err.colno} — "
+                             f"expected one JSON object per line") from None
+        if not isinstance(obj, dict):
+            raise TraceError(f"{path}: line {number}: a JSON {type(obj).__name__} — expected "
+                             f"one JSON object per line") from None
+        records.append(obj)
+        lines.append(number)
+    if not records:
+        raise TraceError(f"{path}: no JSON lines — expected one JSON object per turn")
+    return pd.DataFrame.from_records(records), np.asarray(lines, dtype=np.int64)
+
+
+def _read_json_array(path: Path, text: str) -> tuple[pd.DataFrame, None]:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TraceError(f"{path}: line {err.lineno}: {err.msg} at column {err.colno} — "
+                         f"expected a JSON array of objects or JSON lines") from None
+    if not obj or not all(isinstance(o, dict) for o in obj):
+        raise TraceError(f"{path}: a JSON array that is empty or holds non-objects — expected "
+                         f"one object per turn")
+    return pd.DataFrame.from_records(obj), None
+
+
+def load_trace(path: str | Path, *, steps: Iterable[int] | None = None,
+               tasks: Iterable[str] | None = None) -> pd.DataFrame:
+    """Read and validate a trace; return it in canonical form (see ``validate_trace``).
+
+    The format follows the suffix (``.parquet``/``.pq`` or ``.jsonl``/``.json``); any other
+    suffix is sniffed from the first bytes. ``steps`` and ``tasks`` (Parquet only) load just
+    the rows of those RL steps / task ids, reading only the row groups whose column
+    statistics can hold them (``write_trace`` makes one row group per step, or per block of
+    whole trajectories in file order, so one step's tasks sit in one or two row groups).
+    Forks must then stay within the loaded rows (they do: a fork is in its parent's task).
+    """
+    path = Path(path)
+    _check_file(path)
+    fmt = _format_of(path)
+    if fmt == "parquet":
+        df = _read_parquet(path, steps, tasks)
+        lines = None
+    else:
+        if steps is not None or tasks is not None:
+            raise TraceError(f"{path}: loading single steps or tasks needs a Parquet trace — "
+                             f"expected a .parquet file")
+        df, lines = _read_jsonl(path)
+    return validate_trace(df, str(path), line_numbers=lines)
+
+
+def _row_group_bounds(df: pd.DataFrame) -> list[tuple[int, int]]:
+    """Row ranges, each one step or a block of whole trajectories (df is canonical)."""
+    n = len(df)
+    if "step" in df.columns:
+        steps = df["step"].to_numpy(dtype=np.int64)
+        cuts = np.flatnonzero(steps[1:] != steps[:-1]) + 1
+    else:
+        traj_start = np.flatnonzero(df["turn"].to_numpy() == 0)
+        cuts = traj_start[TRAJECTORIES_PER_ROW_GROUP::TRAJECTORIES_PER_ROW_GROUP]
+    edges = [0, *cuts.tolist(), n]
+    return list(itertools.pairwise(edges))
+
+
+def write_trace(df: pd.DataFrame, path: str | Path) -> Path:
+    """Validate ``df`` and write it; Parquet unless the suffix is ``.jsonl``/``.json``.
+
+    With a ``step`` column the rows are written step by step (stable, so trajectory order
+    within a step is kept) and each step is one row group; otherwise each row group holds
+    ``TRAJECTORIES_PER_ROW_GROUP`` whole trajectories. Returns the path written.
+    """
+    path = Path(path)
+    df = validate_trace(df, str(path))
+    if "step" in df.columns:
+        steps = df["step"].to_numpy(dtype=np.int64)
+        if np.any(steps[1:] < steps[:-1]):
+            df = df.take(np.argsort(steps, kind="stable")).reset_index(drop=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() in JSONL_SUFFIXES:
+        df.to_json(path, orient="records", lines=True, force_ascii=False)
+        return path
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[b"rlsched.trace_format"] = _FORMAT_VERSION.encode()
+    table = table.replace_schema_metadata(meta)
+    with pq.ParquetWriter(path, table.schema, compression="zstd", compression_level=9) as w:
+        for lo, hi in _row_group_bounds(df):
+            w.write_table(table.slice(lo, hi - lo), row_group_size=max(hi - lo, 1))
+    return path

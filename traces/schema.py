@@ -1,0 +1,250 @@
+"""The trace schema (DESIGN.md "Traces") and its vectorised validator.
+
+A trace is one row per turn. The column names below are a public contract: users, importers
+and the live driver write them, so they never change meaning. Validation is done with whole
+column operations (traces can hold tens of millions of rows) and, for every check, reports
+the *first* offending row in file order, in one line::
+
+    <file>: row <n>, column <col>: <value> — expected <what>
+
+Rows are numbered from 1 in file order (the n-th data row; for JSONL the loader passes the
+line numbers so messages say ``line <n>``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from rlsched.cluster.errors import TraceError
+from rlsched.traces.structure import check_structure
+
+TRACE_COLUMNS: tuple[str, ...] = (
+    "task_id",
+    "trajectory_id",
+    "turn",
+    "prompt_tokens",
+    "output_tokens",
+    "env_seconds",
+)
+OPTIONAL_COLUMNS: tuple[str, ...] = (
+    "parent_trajectory_id",
+    "branch_turn",
+    "reward",
+    "truncated",
+    "step",
+    "policy_version",
+)
+
+_ID_COLUMNS = ("task_id", "trajectory_id")
+_INT_COLUMNS = ("turn", "prompt_tokens", "output_tokens")
+_NULLABLE_INT_COLUMNS = ("branch_turn", "step", "policy_version")
+
+
+class _Where:
+    """Turns positions in the frame into the row/line label a user can find in the file."""
+
+    def __init__(self, source: str, line_numbers: np.ndarray | None) -> None:
+        self.source = source
+        self.lines = line_numbers
+
+    def label(self, pos: int) -> str:
+        if self.lines is not None:
+            return f"line {int(self.lines[pos])}"
+        return f"row {pos + 1}"
+
+    def fail(self, pos: int, column: str, value: object, expected: str) -> TraceError:
+        return TraceError(
+            f"{self.source}: {self.label(pos)}, column {column}: {_show(value)} — expected {expected}"
+        )
+
+
+def _show(value: object) -> str:
+    """A short, one-line rendering of a cell value for an error message."""
+    if isinstance(value, str):
+        text = repr(value)
+    elif value is None or (isinstance(value, float) and np.isnan(value)):
+        text = "missing value"
+    else:
+        text = repr(value.item() if isinstance(value, np.generic) else value)
+    text = text.replace("\n", " ")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _first(mask: np.ndarray) -> int | None:
+    """Position of the first True in ``mask``, or None."""
+    hits = np.flatnonzero(mask)
+    return int(hits[0]) if hits.size else None
+
+
+def _check_columns(df: pd.DataFrame, source: str) -> None:
+    present = [str(c) for c in df.columns]
+    for col in TRACE_COLUMNS:
+        if col in df.columns:
+            continue
+        unused = [c for c in present if c not in TRACE_COLUMNS and c not in OPTIONAL_COLUMNS]
+        close = difflib.get_close_matches(col, unused, n=1, cutoff=0.6)
+        hint = f" (found {close[0]!r}: misspelt?)" if close else ""
+        raise TraceError(f"{source}: column {col!r} is missing{hint} — expected columns "
+                         f"{', '.join(TRACE_COLUMNS)}")
+
+
+def _is_null(values: pd.Series) -> np.ndarray:
+    return values.isna().to_numpy(dtype=bool)
+
+
+def _ids(df: pd.DataFrame, col: str, where: _Where, *, nullable: bool) -> pd.Series:
+    """A str (object) column; integers are accepted and turned into their decimal string."""
+    s = df[col]
+    null = _is_null(s)
+    if not nullable and null.any():
+        pos = _first(null)
+        raise where.fail(pos, col, None, "a non-empty string id")
+    if pd.api.types.is_string_dtype(s.dtype) and not pd.api.types.is_object_dtype(s.dtype):
+        out = s.astype(object)
+    elif pd.api.types.is_integer_dtype(s.dtype) and not pd.api.types.is_bool_dtype(s.dtype):
+        out = s.astype("Int64").astype(str).astype(object)
+    else:
+        kinds = pd.api.types.infer_dtype(s, skipna=True)
+        if kinds not in ("string", "empty", "integer", "mixed-integer"):
+            ok = s.map(lambda v: isinstance(v, str) or (
+                isinstance(v, int | np.integer) and not isinstance(v, bool | np.bool_))
+            ).to_numpy(dtype=bool) | null
+            pos = _first(~ok)
+            raise where.fail(pos, col, s.iloc[pos], "a string id")
+        out = s if kinds in ("string", "empty") else s.map(
+            lambda v: v if isinstance(v, str) or v is None else str(v))
+    values = out.to_numpy(dtype=object, na_value=None, copy=True)
+    values[null] = None
+    empty = values == ""
+    if nullable:
+        values[empty] = None  # an empty parent id means "no parent"
+    elif empty.any():
+        raise where.fail(_first(empty), col, "", "a non-empty string id")
+    return pd.Series(values, index=df.index, name=col, dtype=object)
+
+
+def _numbers(df: pd.DataFrame, col: str, where: _Where) -> np.ndarray:
+    """Column as float64 for checking; fails on bools, strings and other non-numbers."""
+    s = df[col]
+    if pd.api.types.is_bool_dtype(s.dtype):
+        raise where.fail(0, col, s.iloc[0], "a number, not a boolean")
+    if pd.api.types.is_numeric_dtype(s.dtype):
+        return s.to_numpy(dtype="float64", na_value=np.nan)
+    bad = s.map(lambda v: isinstance(v, bool | np.bool_) or not (
+        v is None or isinstance(v, int | float | np.integer | np.floating))).to_numpy(dtype=bool)
+    if bad.any():
+        pos = _first(bad)
+        raise where.fail(pos, col, s.iloc[pos], "a number")
+    return pd.to_numeric(s).to_numpy(dtype="float64", na_value=np.nan)
+
+
+def _int_column(df: pd.DataFrame, col: str, where: _Where, *, nullable: bool,
+                minimum: int | None) -> pd.Series:
+    s = df[col]
+    if pd.api.types.is_integer_dtype(s.dtype) and not pd.api.types.is_bool_dtype(s.dtype):
+        null = _is_null(s)
+        vals = s.to_numpy(dtype="float64", na_value=np.nan) if null.any() else None
+        ints = s.to_numpy(dtype="int64", na_value=0)
+    else:
+        vals = _numbers(df, col, where)
+        null = np.isnan(vals)
+        bad = ~null & (~np.isfinite(vals) | (vals != np.round(vals)))
+        if bad.any():
+            pos = _first(bad)
+            raise where.fail(pos, col, s.iloc[pos], "a whole number")
+        big = ~null & (np.abs(vals) > 2.0**62)
+        if big.any():
+            pos = _first(big)
+            raise where.fail(pos, col, s.iloc[pos], "a whole number below 2**62")
+        ints = np.where(null, 0, vals).astype("int64")
+    if not nullable and null.any():
+        pos = _first(null)
+        raise where.fail(pos, col, None, "a whole number >= 0")
+    if minimum is not None:
+        low = ~null & (ints < minimum)
+        if low.any():
+            pos = _first(low)
+            raise where.fail(pos, col, s.iloc[pos], f"a whole number >= {minimum}")
+    if nullable:
+        return pd.Series(pd.arrays.IntegerArray(ints, null), index=df.index, name=col)
+    return pd.Series(ints, index=df.index, name=col)
+
+
+def _float_column(df: pd.DataFrame, col: str, where: _Where, *, allow_nan: bool) -> pd.Series:
+    vals = _numbers(df, col, where)
+    if allow_nan:
+        bad = np.isinf(vals)
+        what = "a finite number or missing"
+    else:
+        bad = ~np.isfinite(vals) | (vals < 0)
+        what = "a finite number of seconds >= 0"
+    if bad.any():
+        pos = _first(bad)
+        raise where.fail(pos, col, df[col].iloc[pos], what)
+    return pd.Series(vals, index=df.index, name=col)
+
+
+def _bool_column(df: pd.DataFrame, col: str, where: _Where) -> pd.Series:
+    """``truncated``: true/false (or 1/0); a missing value means False."""
+    s = df[col]
+    if pd.api.types.is_bool_dtype(s.dtype) and not _is_null(s).any():
+        return s.astype(bool)
+    vals = s.map(lambda v: None if v is None or (isinstance(v, float) and np.isnan(v))
+                 else (bool(v) if isinstance(v, bool | np.bool_) or v in (0, 1) else "bad"))
+    bad = (vals == "bad").to_numpy(dtype=bool)
+    if bad.any():
+        pos = _first(bad)
+        raise where.fail(pos, col, s.iloc[pos], "true or false")
+    return vals.fillna(False).astype(bool)
+
+
+def validate_trace(df: pd.DataFrame, source: str, *,
+                   line_numbers: Sequence[int] | np.ndarray | None = None) -> pd.DataFrame:
+    """Check ``df`` against the schema and return it in canonical form.
+
+    Canonical form: ids are Python ``str`` in object columns; ``turn``, ``prompt_tokens``,
+    ``output_tokens`` int64; ``env_seconds`` and ``reward`` float64; ``branch_turn``,
+    ``step``, ``policy_version`` nullable Int64; ``truncated`` bool;
+    ``parent_trajectory_id`` str or None. Extra columns are kept unchanged. Rows are ordered
+    trajectories by first appearance, turns ascending; the index is a fresh RangeIndex.
+
+    ``source`` names the data in messages (usually the file path). ``line_numbers``, when
+    given, maps each row to the line it came from (JSONL) so messages say ``line <n>``.
+    Raises :class:`TraceError` with one line for the first problem found.
+    """
+    if not isinstance(df, pd.DataFrame):
+        raise TraceError(f"{source}: got {type(df).__name__} — expected a pandas DataFrame")
+    _check_columns(df, source)
+    if len(df) == 0:
+        raise TraceError(f"{source}: the trace has no rows — expected at least one turn")
+    lines = None if line_numbers is None else np.asarray(line_numbers)
+    where = _Where(source, lines)
+    df = df.reset_index(drop=True)
+    out = df.copy(deep=False)
+
+    out["task_id"] = _ids(df, "task_id", where, nullable=False)
+    out["trajectory_id"] = _ids(df, "trajectory_id", where, nullable=False)
+    out["turn"] = _int_column(df, "turn", where, nullable=False, minimum=0)
+    out["prompt_tokens"] = _int_column(df, "prompt_tokens", where, nullable=False, minimum=0)
+    out["output_tokens"] = _int_column(df, "output_tokens", where, nullable=False, minimum=0)
+    out["env_seconds"] = _float_column(df, "env_seconds", where, allow_nan=False)
+    if "parent_trajectory_id" in df.columns:
+        out["parent_trajectory_id"] = _ids(df, "parent_trajectory_id", where, nullable=True)
+    for col in _NULLABLE_INT_COLUMNS:
+        if col in df.columns:
+            out[col] = _int_column(df, col, where, nullable=True, minimum=0)
+    if "reward" in df.columns:
+        out["reward"] = _float_column(df, "reward", where, allow_nan=True)
+    if "truncated" in df.columns:
+        out["truncated"] = _bool_column(df, "truncated", where)
+    if "step" in out.columns and out["step"].isna().any():
+        pos = _first(_is_null(out["step"]))
+        raise where.fail(pos, "step", None, "a step number on every row (or no step column)")
+
+    order = check_structure(out, where)
+    out = out.take(order).reset_index(drop=True)
+    return out
