@@ -67,6 +67,8 @@ class SimTraj:
     truncated: bool
     turns: tuple[list[int], list[int], list[float]] | None = None
     ctx: int = 0  # tokens of finished, kept turns
+    turns_done_kept: int = 0  # finished, kept turns (mirrors TrajState.turns_done)
+    charged: int = -1  # tokens the trainer was charged for (-1: its whole context)
     prompt_kept: int = 0
     output_kept: int = 0
     generated: int = 0  # every output token ever produced (kept + wasted)
@@ -393,7 +395,7 @@ class SimDriver:
         t.prompt_kept += p
         t.output_kept += o
         t.mid_turn, t.turn_progress = False, 0
-        ts.turns_done = i + 1
+        ts.turns_done = t.turns_done_kept = i + 1
         ts.tokens = t.ctx
         v0 = t.turn_version
         ts.min_version = v0 if ts.min_version < 0 else min(ts.min_version, v0)
@@ -519,6 +521,7 @@ class SimDriver:
             t.wasted += t.output_kept
             t.ctx = t.prompt_kept = t.output_kept = 0
             ts.turns_done, ts.tokens, ts.min_version, ts.max_version = 0, 0, -1, -1
+            t.turns_done_kept = 0
         self._finish(tid, TrajStatus.INTERRUPTED, e)
         if e in self.engines:
             self._admit(e)
@@ -703,6 +706,10 @@ class SimDriver:
             self._emit(EngineIdle(e))
 
     # ------------------------------------------------------------- trainer
+    def _trained_tokens(self, tid: str) -> int:
+        t = self.trajs[tid]
+        return t.ctx if t.charged < 0 else t.charged
+
     def _full_context_flops(self, tids: list[str], trajs: dict[str, SimTraj]) -> float:
         """Default charge: each trajectory trained as one packed sequence of its kept context."""
         f = self.cost.train_flops
@@ -751,7 +758,7 @@ class SimDriver:
             stale = max((st.version - st.trajs[t].min_version for t in trained), default=0)
             self._steps.append({
                 "version": st.version + 1, "time": now, "trajectories": len(trained),
-                "trained_tokens": int(sum(self.trajs[t].ctx for t in trained)),
+                "trained_tokens": int(sum(self._trained_tokens(t) for t in trained)),
                 "train_seconds": tr.step_seconds, "max_staleness": int(stale),
             })
             tr.step_seconds = 0.0

@@ -20,6 +20,7 @@ from .bound import lower_bound
 from .cost import CostModel
 from .driver import Progress, SimDriver, SimResult
 from .invariants import check_result
+from .processing import group_flops, processor_charge
 from .workload import Batches, Workload
 
 
@@ -45,11 +46,26 @@ def simulate(
     """Replay ``batches`` under ``policy``; write a run record to ``out_dir`` if given."""
     recorder = RunRecorder(out_dir) if out_dir is not None else None
     t0 = wallclock.perf_counter()
-    driver = SimDriver(workload, batches, policy, config, cost, recorder=recorder, progress=progress)
+    charge = processor_charge(workload, cost) if config.processor else None
+    driver = SimDriver(
+        workload, batches, policy, config, cost, recorder=recorder, progress=progress, charge=charge
+    )
     result = driver.run()
+    kept = {t: ts.turns_done for t, ts in result.state.trajs.items()}
+    best_flops = None
+    if config.processor:  # the cheapest charge: each step's groups packed in one micro-batch
+        best_flops = {}
+        for batch in batches:
+            members = [(rid, workload.index[tr], kept[rid]) for rid, tr in batch]
+            _, charged = group_flops(workload, cost, members)
+            for rid, i, k in members:
+                s = int(workload.start[i])
+                n = charged.get(rid, 0)
+                ctx = int((workload.prompt[s : s + k] + workload.output[s : s + k]).sum())
+                best_flops[rid] = cost.train_flops(n, ctx - n) if n else 0.0
     bound = lower_bound(
         workload, batches, cost, config, policy.max_staleness, policy.defers,
-        turns_kept={t: ts.turns_done for t, ts in result.state.trajs.items()},
+        turns_kept=kept, train_flops=best_flops,
     )
     if config.check and result.complete:
         check_result(result, driver)
@@ -95,7 +111,8 @@ def trajectory_table(result: SimResult, workload: Workload) -> pd.DataFrame:
             (ts.finish_status.value if ts.finish_status else ""),
             ts.dispatch_time, ts.finish_time, ts.trained_version, ts.min_version, ts.max_version,
             t.n_turns, ts.turns_done, t.prompt_kept, t.output_kept,
-            t.ctx if trained else 0, t.wasted, ts.dispatches, ts.migrations,
+            (t.ctx if t.charged < 0 else t.charged) if trained else 0, t.wasted,
+            ts.dispatches, ts.migrations,
         ))
     cols = ["trajectory", "task_id", "step", "status", "finish_status", "dispatch_time",
             "finish_time", "trained_version", "min_version", "max_version", "turns_total",
