@@ -28,9 +28,10 @@ def build_app() -> typer.Typer:
         add_completion=False,
         pretty_exceptions_enable=False,
     )
-    from rlsched import cli_run
+    from rlsched import cli_policy, cli_run
 
     cli_run.register(app)
+    app.add_typer(cli_policy.policy_app, name="policy")
     try:
         from rlsched import cli_trace
     except ImportError:  # pragma: no cover - during bootstrap only
@@ -58,15 +59,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except typer.Exit as ex:
         return ex.exit_code
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            return 2
-        if isinstance(exc, click.exceptions.Abort):
-            return 130
-        raise
+    except typer.Abort:
+        return 130
+    except typer.TyperException as exc:  # usage errors: unknown option, missing argument
+        show = getattr(exc, "show", None)
+        if show is not None:
+            show()
+        else:
+            typer.echo(f"rlsched: error: {exc}", err=True)
+        return int(getattr(exc, "exit_code", 2) or 2)
     return 0
 
 
