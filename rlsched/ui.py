@@ -52,4 +52,7 @@ def print_summary(summary: pd.DataFrame) -> None:
             else:
                 cells.append(str(v))
         table.add_row(*cells)
-    Console().print(table)
+    out = Console()
+    if not out.is_terminal:  # files and CI logs: do not squeeze columns to 80 characters
+        out = Console(width=200)
+    out.print(table)

@@ -1,0 +1,110 @@
+"""`rlsched compare` / `rlsched run` end to end on small traces, and their bad-input paths."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from rlsched.cli import main
+from rlsched.traces import generate_trace, write_trace
+
+SMALL = ["--gpus", "16", "--steps", "2", "--tasks-per-step", "4", "--samples-per-task", "2"]
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("trace") / "t.parquet"
+    write_trace(generate_trace("longtail-small", seed=3, tasks=16, samples=2), path)
+    return path
+
+
+def _compare(out: Path, trace: Path, *extra: str) -> int:
+    return main(["compare", "--trace", str(trace), "--out", str(out), "--no-report", *SMALL, *extra])
+
+
+def test_compare_writes_summary_and_records(tmp_path, small_trace, capsys):
+    out = tmp_path / "cmp"
+    assert _compare(out, small_trace, "--policies", "colocated,async,elastic,partial", "--check") == 0
+    s = pd.read_csv(out / "summary.csv")
+    for col in ("policy", "steps", "sim_seconds", "trained_tokens", "gpu_utilization",
+                "max_staleness", "lost_trajectories", "lower_bound_seconds"):
+        assert col in s.columns
+    assert list(s.policy) == ["colocated", "async", "elastic", "partial"]
+    assert (s.sim_seconds >= s.lower_bound_seconds).all()
+    assert (s.lost_trajectories == 0).all()
+    assert (s.steps == 2).all()
+    assert len(list((out / "runs").iterdir())) == 4
+    assert not list(tmp_path.glob(".cmp.tmp-*"))
+
+
+def test_compare_is_deterministic(tmp_path, small_trace):
+    a, b = tmp_path / "a", tmp_path / "b"
+    spec = ["--policy", "async:rollout_fraction=0.25", "--policy", "elastic:staleness=1"]
+    assert _compare(a, small_trace, *spec) == 0
+    assert _compare(b, small_trace, *spec) == 0
+    cols = lambda d: pd.read_csv(d / "summary.csv").drop(columns=["wall_seconds"])  # noqa: E731
+    pd.testing.assert_frame_equal(cols(a), cols(b))
+
+
+def test_run_without_live_simulates_one_policy(tmp_path, small_trace):
+    out = tmp_path / "run"
+    args = ["run", "--policy", "elastic", "--trace", str(small_trace), "--out", str(out), *SMALL]
+    assert main(args) == 0
+    assert (out / "summary.csv").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--policies", "colocatd"], "unknown policy 'colocatd' (did you mean 'colocated'?)"),
+        (["--policy", "async:rollout_fraction=2"], "rollout_fraction='2': must be <= 0.95"),
+        (["--policy", "async:fraction=0.5"], "unknown parameter 'fraction'"),
+        (["--policies", "async:staleness=1"], "--policies takes plain names"),
+        (["--gpus", "6", "--tp", "4"], "gpus=6 is not a multiple of tp=4"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, small_trace, capsys, extra, needle):
+    out = tmp_path / "never"
+    args = ["compare", "--trace", str(small_trace), "--out", str(out), "--no-report", *extra]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rlsched: error:"), err
+    assert needle in err[0]
+    assert not out.exists()
+    assert not list(tmp_path.glob(".never.tmp-*"))
+
+
+def test_bad_trace_and_config(tmp_path, small_trace, capsys):
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not parquet at all")
+    assert main(["compare", "--trace", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "bad.parquet" in capsys.readouterr().err
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[cluster]\ngpuz = 8\n")
+    assert main(["compare", "--trace", str(small_trace), "--config", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    assert "unknown key 'gpuz' (did you mean 'gpus'?)" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_refuses_non_empty_out_without_force(tmp_path, small_trace, capsys):
+    out = tmp_path / "full"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert _compare(out, small_trace, "--policies", "colocated") == 2
+    assert "not empty" in capsys.readouterr().err
+    assert (out / "keep.txt").read_text() == "mine"
+    assert _compare(out, small_trace, "--policies", "colocated", "--force") == 0
+    assert not (out / "keep.txt").exists()
+
+
+def test_config_file_supplies_policies_and_cluster(tmp_path, small_trace):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'trace = "{small_trace}"\n[cluster]\ngpus = 8\ntp = 2\n[run]\nsteps = 1\n'
+        '[[policy]]\nspec = "async:rollout_fraction=0.5,staleness=0"\n[cost]\nswitch_s = 2.0\n'
+    )
+    out = tmp_path / "o"
+    assert main(["compare", "--config", str(cfg), "--out", str(out), "--no-report"]) == 0
+    s = pd.read_csv(out / "summary.csv")
+    assert list(s.policy) == ["async:rollout_fraction=0.5,staleness=0"]
+    assert (s.num_gpus == 8).all()
