@@ -193,6 +193,8 @@ class Elastic:
             return []
         if not (view.finished(s) or self._in_micro):
             return []  # nothing to train yet: freed GPUs would only wait
+        if any(e.queued for e in engines):
+            return []  # engines are saturated (KV full): shrinking would only lengthen queues
         live = sum(e.load for e in engines)
         if self.staleness == 0:
             # on-policy: only the step's own tail can make room

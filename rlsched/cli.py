@@ -28,22 +28,13 @@ def build_app() -> typer.Typer:
         add_completion=False,
         pretty_exceptions_enable=False,
     )
-    from rlsched import cli_policy, cli_run
+    from rlsched import cli_import, cli_policy, cli_report, cli_run, cli_trace
 
     cli_run.register(app)
     app.add_typer(cli_policy.policy_app, name="policy")
-    try:
-        from rlsched import cli_trace
-    except ImportError:  # pragma: no cover - during bootstrap only
-        cli_trace = None  # type: ignore[assignment]
-    if cli_trace is not None:
-        app.add_typer(cli_trace.trace_app, name="trace")
-    try:
-        from rlsched import cli_report
-    except ImportError:  # pragma: no cover - during bootstrap only
-        cli_report = None  # type: ignore[assignment]
-    if cli_report is not None:
-        cli_report.register(app)
+    cli_import.register(cli_trace.trace_app)
+    app.add_typer(cli_trace.trace_app, name="trace")
+    cli_report.register(app)
     return app
 
 

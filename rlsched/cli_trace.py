@@ -53,8 +53,14 @@ def gen(
         "--turns-scale", help="Multiply turns per trajectory by this.")] = None,
     tokens_scale: Annotated[float | None, typer.Option(
         "--tokens-scale", help="Multiply all token counts by this.")] = None,
+    like: Annotated[Path | None, typer.Option(
+        "--like", help="Fit the generator to this trace (e.g. an imported one) instead of a "
+        "preset; --tasks/--samples scale it up.")] = None,
 ) -> None:
     """Generate a long-tailed synthetic trace from a preset (see traces/SOURCES.md)."""
+    if like is not None:
+        _gen_like(like, out, seed, tasks, samples)
+        return
     overrides: dict[str, float] = {}
     for key, value in (("tasks", tasks), ("samples", samples), ("turns_scale", turns_scale),
                        ("tokens_scale", tokens_scale)):
@@ -81,6 +87,23 @@ def gen(
     typer.echo(f"wrote {path} ({size / 1e6:.2f} MB) in {seconds:.1f} s: {_counts(df)}; "
                f"turns p50 {turns['p50']:.0f} max {turns['max']:.0f}; "
                f"context max {ctx['max']:,.0f} tokens")
+
+
+def _gen_like(like: Path, out: Path, seed: int, tasks: int | None, samples: int | None) -> None:
+    """Fit length distributions of ``like`` (scipy.stats) and sample a larger trace."""
+    from rlsched.cli_import import fit_report_table
+    from rlsched.traces.fit import compare_distributions, fit_trace
+
+    real = load_trace(like)
+    model, report = fit_trace(real, seed=seed)
+    df = model.generate(seed=seed, tasks=tasks or 64, samples=samples or 8)
+    path = write_trace(df, out)
+    from rlsched.ui import console_out
+
+    console = console_out()
+    console.print(fit_report_table(report, f"fit to {like.name}"))
+    console.print(fit_report_table(compare_distributions(real, df), "generated vs. real (two-sample KS)"))
+    typer.echo(f"wrote {path}: {_counts(df)}")
 
 
 def _fmt(metric: str, column: str, value: float) -> str:

@@ -17,6 +17,12 @@ def console_err() -> Console:
     return Console(stderr=True)
 
 
+def console_out() -> Console:
+    """stdout console; off a terminal (files, CI logs) wide enough not to squeeze tables."""
+    out = Console()
+    return out if out.is_terminal else Console(width=200)
+
+
 @contextmanager
 def step_progress(specs: Sequence[str], steps: int) -> Iterator:
     """Yield a ``(policy, done, total, sim_time)`` callback driving one bar per policy."""
@@ -52,7 +58,4 @@ def print_summary(summary: pd.DataFrame) -> None:
             else:
                 cells.append(str(v))
         table.add_row(*cells)
-    out = Console()
-    if not out.is_terminal:  # files and CI logs: do not squeeze columns to 80 characters
-        out = Console(width=200)
-    out.print(table)
+    console_out().print(table)

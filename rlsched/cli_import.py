@@ -1,0 +1,91 @@
+"""``rlsched trace import``: turn agent logs (SWE-agent ``.traj``, chat-transcript JSONL)
+into a trace file.
+
+Attached to the ``rlsched trace`` group by :func:`register` (called from ``rlsched/cli.py``).
+Bad input files are skipped and listed in the summary; if every input is bad the import
+fails with one line (a ``TraceError``, printed by :mod:`rlsched.cli`) and writes nothing.
+Also holds :func:`fit_report_table`, the table ``trace gen --like`` prints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import pandas as pd
+import typer
+from rich.table import Table
+
+from rlsched.traces import write_trace
+from rlsched.traces.envtime import MODEL_NAME
+from rlsched.traces.importers import IMPORTERS, ImportResult, import_traces
+
+#: At most this many skip reasons are printed; the count is always complete.
+MAX_SKIPS_SHOWN = 20
+
+
+def summary_lines(result: ImportResult, out: Path | None = None) -> list[str]:
+    """The human summary of an import: counts, skips with reasons, how tokens/time were got."""
+    df = result.df
+    lines = [f"imported {result.imported} trajectories ({len(df)} turns, "
+             f"{df['task_id'].nunique()} tasks) from {result.files} file(s); "
+             f"skipped {len(result.skipped)}" + (":" if result.skipped else "")]
+    for where, reason in result.skipped[:MAX_SKIPS_SHOWN]:
+        lines.append(f"  skipped {where}: {reason}")
+    if len(result.skipped) > MAX_SKIPS_SHOWN:
+        lines.append(f"  ... and {len(result.skipped) - MAX_SKIPS_SHOWN} more")
+    hint = " (pass --tokenizer DIR for exact counts)" if result.token_source.startswith(
+        "estimate") else ""
+    lines.append(f"tokens counted with {result.token_source}{hint}")
+    truncated = int(df.loc[df["truncated"], "trajectory_id"].nunique())
+    lines.append(f"env time estimated on {result.env_estimated} of {len(df)} turns "
+                 f"(column env_estimated; model: {MODEL_NAME}); truncated trajectories: "
+                 f"{truncated}")
+    if out is not None:
+        lines.append(f"wrote {out}")
+    return lines
+
+
+def fit_report_table(report: pd.DataFrame, title: str = "fit") -> Table:
+    """A rich table of :func:`~rlsched.traces.fit.fit_trace`'s report (or of
+    ``compare_distributions``)."""
+    table = Table(title=title)
+    table.add_column(report.index.name or "distribution")
+    for col in report.columns:
+        table.add_column(str(col), justify="left" if col in ("family", "params", "note")
+                         else "right")
+    for name, row in report.iterrows():
+        cells = []
+        for col, value in row.items():
+            if isinstance(value, float):
+                cells.append("" if value != value else (f"{value:.3g}" if col in (
+                    "ks_stat", "p_value", "zero_frac") else f"{value:,.6g}"))
+            else:
+                cells.append(str(value))
+        table.add_row(str(name), *cells)
+    return table
+
+
+def register(trace_app: typer.Typer) -> None:
+    """Add ``import`` to the ``rlsched trace`` group (once: a second call does nothing)."""
+    if any(c.name == "import" for c in trace_app.registered_commands):
+        return
+
+    @trace_app.command("import")
+    def import_(
+        paths: Annotated[list[Path], typer.Argument(
+            help="Log files, or directories to search for them.", show_default=False)],
+        fmt: Annotated[str, typer.Option(
+            "--format", "-f", help=f"Log format: {', '.join(IMPORTERS)}.")],
+        out: Annotated[Path, typer.Option(
+            "--out", "-o", help="Trace file to write (.parquet or .jsonl).")],
+        tokenizer: Annotated[Path | None, typer.Option(
+            "--tokenizer", help="Local Hugging Face tokenizer directory (with "
+            "tokenizer.json) for exact token counts; default: ~4 characters per token.")]
+        = None,
+    ) -> None:
+        """Import agent logs (SWE-agent .traj, chat-transcript JSONL) as a trace."""
+        result = import_traces(fmt, paths, tokenizer=tokenizer)
+        path = write_trace(result.df, out)
+        for line in summary_lines(result, path):
+            typer.echo(line)
