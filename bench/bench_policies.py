@@ -73,7 +73,7 @@ def study(pool: ProcessPoolExecutor, trace: str, label: str, gpus: int, steps: i
     for k in (0, 1):
         cands = [r for r in rows if r["spec"].startswith("async") and r["spec"].endswith(f"staleness={k}")]
         best[k] = max(cands, key=lambda r: r["steps_per_hour"])
-    table(main + [best[0], best[1]], f"{label}: {gpus} GPUs, {steps} steps (async: best rollout_fraction per staleness)")
+    table([*main, best[0], best[1]], f"{label}: {gpus} GPUs, {steps} steps (async: best rollout_fraction per staleness)")
     print("\nasync sweep (steps/h):", ", ".join(
         f"{r['spec'].split(':')[1]}={r['steps_per_hour']:.3f}" for r in rows if r["spec"].startswith("async")))
     by = {r["spec"]: r for r in rows if not r["processor"]}

@@ -1,0 +1,141 @@
+"""Read a run record for analysis, with the checks the metrics rely on.
+
+:func:`rlsched.cluster.record.read_run` checks that the files exist, parse, and are not
+from a newer format. The analysis additionally needs certain meta fields and columns, GPU
+states it knows and GPU ranges inside the cluster; a record that breaks any of these
+would give silently wrong numbers, so it is rejected with one :class:`RecordError` line
+naming the file and the field.
+
+Only the event kinds the analysis uses are loaded (a seed-scale run records millions of
+``Evict`` events); their per-kind counts are kept in ``meta["_event_counts"]``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from rlsched.cluster.errors import RecordError
+from rlsched.cluster.ids import GpuState
+from rlsched.cluster.record import RunRecord, read_run
+
+from .intervals import state_codes
+
+KNOWN_STATES = frozenset(s.value for s in GpuState)
+# Event kinds whose rows (not only counts) the analysis reads.
+EVENT_KINDS = ("SandboxQueued", "SandboxAcquired", "SyncStart", "SyncEnd")
+INTERVAL_COLUMNS = ("gpu_first", "gpu_count", "start", "end", "state")
+TRAJECTORY_COLUMNS = (
+    "trajectory", "step", "status", "trained_version", "min_version", "turns_total",
+    "prompt_tokens", "output_tokens", "trained_tokens", "wasted_tokens", "dispatches",
+    "migrations",
+)
+STEP_COLUMNS = ("version", "time")
+EVENT_COLUMNS = ("time", "kind", "trajectory")
+
+
+def load_run(path: str | Path) -> RunRecord:
+    """Read and check a run directory for the report (events filtered, see module doc)."""
+    rec = read_run(path, tables=("trajectories", "steps"))
+    f = rec.path / "events.parquet"
+    try:
+        kinds = pq.read_table(f, columns=["kind"]).column("kind")
+        counts = _counts(kinds)
+        events = pd.read_parquet(
+            f, columns=list(EVENT_COLUMNS), filters=[("kind", "in", list(EVENT_KINDS))]
+        )
+    except Exception as exc:  # pyarrow raises many types for corrupt or foreign files
+        raise RecordError(f"{f}: unreadable events ({str(exc).splitlines()[0][:120]})") from None
+    f = rec.path / "intervals.parquet"
+    try:
+        # a seed-scale record has millions of intervals but eight states: read the state
+        # column dictionary-encoded (a categorical, 1 byte a row) instead of as strings
+        table = pq.read_table(f, columns=list(INTERVAL_COLUMNS), read_dictionary=["state"])
+        intervals = table.to_pandas(self_destruct=True, split_blocks=True)
+        del table
+    except Exception as exc:
+        raise RecordError(f"{f}: corrupt Parquet ({str(exc).splitlines()[0][:120]})") from None
+    meta = {**rec.meta, "_event_counts": counts}
+    out = RunRecord(rec.path, meta, events, intervals, rec.trajectories, rec.steps)
+    check_record(out)
+    return out
+
+
+def _counts(kinds: Any) -> dict[str, int]:
+    vc = pc.value_counts(kinds)
+    return {str(v["values"]): int(v["counts"]) for v in vc.to_pylist() if v["values"] is not None}
+
+
+def event_counts(record: RunRecord) -> dict[str, int]:
+    """Events per kind: from :func:`load_run`'s full count, else from the loaded events."""
+    counts = record.meta.get("_event_counts")
+    if isinstance(counts, dict):
+        return counts
+    if record.events.empty or "kind" not in record.events:
+        return {}
+    return {str(k): int(n) for k, n in record.events["kind"].value_counts().items()}
+
+
+def _require_columns(df: pd.DataFrame, cols: tuple[str, ...], file: Path) -> None:
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise RecordError(f"{file}: missing column(s) {', '.join(missing)}; not a run record this rlsched reads")
+
+
+def _number(meta: dict[str, Any], key: str, file: Path, *, integer: bool, minimum: float) -> float:
+    v = meta.get(key)
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    if ok and integer:
+        ok = float(v).is_integer()
+    if not ok or v < minimum:
+        kind = "an integer" if integer else "a finite number"
+        raise RecordError(f"{file}: field {key}={v!r}: expected {kind} >= {minimum:g}")
+    return float(v)
+
+
+def check_record(record: RunRecord) -> None:
+    """Raise :class:`RecordError` if the record cannot be analysed (see module doc)."""
+    d = record.path
+    meta_file = d / "meta.json"
+    if not isinstance(record.meta.get("policy"), str) or not record.meta["policy"]:
+        raise RecordError(f"{meta_file}: field policy={record.meta.get('policy')!r}: expected the policy spec string")
+    num_gpus = int(_number(record.meta, "num_gpus", meta_file, integer=True, minimum=1))
+    _number(record.meta, "makespan_seconds", meta_file, integer=False, minimum=0)
+    lb = record.meta.get("lower_bound_seconds")
+    if lb is not None:
+        _number(record.meta, "lower_bound_seconds", meta_file, integer=False, minimum=0)
+    iv = record.intervals
+    ivf = d / "intervals.parquet"
+    _require_columns(iv, INTERVAL_COLUMNS, ivf)
+    _require_columns(record.trajectories, TRAJECTORY_COLUMNS, d / "trajectories.parquet")
+    _require_columns(record.steps, STEP_COLUMNS, d / "steps.parquet")
+    if not record.events.empty or len(record.events.columns):
+        _require_columns(record.events, EVENT_COLUMNS, d / "events.parquet")
+    if iv.empty:
+        return
+    bad = state_codes(iv["state"]) < 0
+    if bad.any():
+        i = int(bad.argmax())
+        raise RecordError(
+            f"{ivf}: row {i}: state={iv['state'].iloc[i]!r}: expected one of {', '.join(sorted(KNOWN_STATES))}"
+        )
+    first = iv["gpu_first"].to_numpy()
+    count = iv["gpu_count"].to_numpy()
+    out_of_range = (first < 0) | (count < 1) | (first + count > num_gpus)
+    if out_of_range.any():
+        i = int(out_of_range.argmax())
+        raise RecordError(
+            f"{ivf}: row {i}: GPUs {first[i]}..{first[i] + count[i] - 1} outside the cluster's "
+            f"{num_gpus} GPUs (meta num_gpus)"
+        )
+    start = iv["start"].to_numpy(dtype=float)
+    end = iv["end"].to_numpy(dtype=float)
+    backwards = ~(end >= start)  # also catches NaN
+    if backwards.any():
+        i = int(backwards.argmax())
+        raise RecordError(f"{ivf}: row {i}: end={end[i]!r} before start={start[i]!r}")

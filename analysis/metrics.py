@@ -1,0 +1,220 @@
+"""Per-run metrics from a run record: the ``summary.csv`` row and the tables behind it.
+
+Everything is read from the record (meta.json and its Parquet tables), never from a
+driver, so simulated and live runs are measured the same way.
+
+Definitions (the report and summary.csv use exactly these):
+
+* **busy** GPU-time is time in ``generate`` or ``train``; ``gpu_utilization`` = busy
+  GPU-seconds / (``num_gpus`` x makespan), over ``[0, makespan]``.
+* ``idle_fraction`` = share of GPU-time holding no work at all (``rollout_idle``,
+  ``train_idle``, ``idle``); ``1 - gpu_utilization - idle_fraction`` is then the time
+  spent in tool waits, weight syncs and role switches.
+* **staleness** of a trained trajectory = ``trained_version - min_version`` (its oldest
+  kept token's weights vs. the trainer's at train time).
+* **lost** trajectories: dispatched trajectories that should have ended trained or dropped
+  but did not. In a complete run that is every dispatched trajectory neither trained nor
+  dropped (the simulator's invariant: it must be 0). In an incomplete run (stopped early)
+  trajectories of steps still in progress are in flight, not lost; only those of steps
+  whose optimizer step already ran that finished generating (done, timed out, failed) and
+  were never trained, dropped or carried over count. *Carried over* means resumable or
+  resumed: status ``interrupted`` or dispatched more than once (partial rollout resumes a
+  trajectory with a later step's batch). ``unfinished_trajectories`` counts everything
+  neither trained nor dropped, in flight or not.
+* **saved** tokens (trajectory processor): kept context tokens of trained trajectories
+  minus the tokens the trainer was charged for; 0 when the processor did not run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rlsched.cluster.ids import GpuState, TrajStatus
+from rlsched.cluster.record import RunRecord
+
+from .intervals import STATE_INDEX, seconds_by_state, spans
+from .load import check_record, event_counts
+
+# summary.csv: a public contract. Columns are only ever added, never renamed or removed.
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "policy", "steps", "sim_seconds", "trained_tokens", "gpu_utilization", "max_staleness",
+    "lost_trajectories", "lower_bound_seconds",
+    "steps_per_hour", "trained_tokens_per_gpu_hour", "gap_to_bound_pct", "idle_fraction",
+    "dropped_trajectories", "wasted_tokens", "saved_tokens", "wall_seconds", "events_processed",
+    "unfinished_trajectories", "complete", "driver", "num_gpus",
+)
+BUSY = (GpuState.GENERATE.value, GpuState.TRAIN.value)
+NO_WORK = (GpuState.ROLLOUT_IDLE.value, GpuState.TRAIN_IDLE.value, GpuState.IDLE.value)
+_TERMINAL = (TrajStatus.TRAINED.value, TrajStatus.DROPPED.value)
+_FINISHED_UNTRAINED = (TrajStatus.DONE.value, TrajStatus.TIMED_OUT.value, TrajStatus.FAILED.value)
+
+
+def makespan(record: RunRecord) -> float:
+    return float(record.meta["makespan_seconds"])
+
+
+def label(record: RunRecord) -> str:
+    """The policy as the user wrote it (compare keeps it in ``spec_as_given``)."""
+    given = record.meta.get("spec_as_given")
+    return str(given) if isinstance(given, str) and given else str(record.meta["policy"])
+
+
+def steps_done(record: RunRecord) -> int:
+    v = record.meta.get("steps_done")
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    return len(record.steps)
+
+
+def state_seconds(record: RunRecord) -> pd.Series:
+    """GPU-seconds per GpuState over ``[0, makespan]`` (all states, zeros included)."""
+    sp = spans(record.intervals, makespan(record))
+    return pd.Series(seconds_by_state(sp), index=list(STATE_INDEX), name="gpu_seconds")
+
+
+def staleness(record: RunRecord) -> pd.Series:
+    """Staleness of each trained trajectory (indexed like the trajectories table)."""
+    t = record.trajectories
+    trained = (t["status"].astype(str) == TrajStatus.TRAINED.value) & (t["min_version"] >= 0)
+    return (t["trained_version"] - t["min_version"])[trained].astype(np.int64)
+
+
+def lost_mask(record: RunRecord) -> pd.Series:
+    """Which trajectories are lost (see the module doc for the definition)."""
+    t = record.trajectories
+    status = t["status"].astype(str)
+    dispatched = t["dispatches"] > 0
+    open_ = ~status.isin(_TERMINAL)
+    if bool(record.meta.get("complete", False)):
+        limit = int(record.meta.get("num_steps", np.iinfo(np.int32).max))
+        return dispatched & open_ & (t["step"] < limit)
+    carried = (status == TrajStatus.INTERRUPTED.value) | (t["dispatches"] > 1)
+    return dispatched & status.isin(_FINISHED_UNTRAINED) & ~carried & (t["step"] < steps_done(record))
+
+
+def saved_tokens(record: RunRecord) -> int:
+    t = record.trajectories
+    trained = t["status"].astype(str) == TrajStatus.TRAINED.value
+    config = record.meta.get("config") or {}
+    if not (isinstance(config, dict) and config.get("processor")):
+        return 0
+    kept = (t["prompt_tokens"] + t["output_tokens"])[trained].sum()
+    return int(kept - t["trained_tokens"][trained].sum())
+
+
+def _finite_or_nan(v: Any) -> float:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else math.nan
+
+
+def summarize(record: RunRecord) -> dict[str, Any]:
+    """One ``summary.csv`` row for the run (columns: :data:`SUMMARY_COLUMNS`)."""
+    check_record(record)
+    meta = record.meta
+    span = makespan(record)
+    gpus = int(meta["num_gpus"])
+    secs = state_seconds(record)
+    total = gpus * span
+    busy = float(secs[list(BUSY)].sum())
+    t = record.trajectories
+    status = t["status"].astype(str)
+    stale = staleness(record)
+    trained_tokens = int(t["trained_tokens"].sum())
+    steps = steps_done(record)
+    lb = _finite_or_nan(meta.get("lower_bound_seconds"))
+    hours = span / 3600.0
+    row: dict[str, Any] = {
+        "policy": label(record),
+        "steps": steps,
+        "sim_seconds": span,
+        "trained_tokens": trained_tokens,
+        "gpu_utilization": busy / total if total > 0 else math.nan,
+        "max_staleness": int(stale.max()) if len(stale) else 0,
+        "lost_trajectories": int(lost_mask(record).sum()),
+        "lower_bound_seconds": lb,
+        "steps_per_hour": steps / hours if hours > 0 else math.nan,
+        "trained_tokens_per_gpu_hour": trained_tokens / (gpus * hours) if hours > 0 else math.nan,
+        "gap_to_bound_pct": (span / lb - 1.0) * 100.0 if lb > 0 else math.nan,
+        "idle_fraction": float(secs[list(NO_WORK)].sum()) / total if total > 0 else math.nan,
+        "dropped_trajectories": int((status == TrajStatus.DROPPED.value).sum()),
+        "wasted_tokens": int(t["wasted_tokens"].sum()),
+        "saved_tokens": saved_tokens(record),
+        "wall_seconds": _finite_or_nan(meta.get("wall_seconds")),
+        "events_processed": int(meta["events_processed"]) if isinstance(meta.get("events_processed"), int) else -1,
+        "unfinished_trajectories": int((~status.isin(_TERMINAL)).sum()),
+        "complete": bool(meta.get("complete", False)),
+        "driver": str(meta.get("driver", "")),
+        "num_gpus": gpus,
+    }
+    return row
+
+
+def staleness_table(record: RunRecord) -> pd.DataFrame:
+    """Distribution of staleness over trained trajectories: count, share, tokens."""
+    t = record.trajectories
+    stale = staleness(record)
+    df = pd.DataFrame({"staleness": stale.to_numpy(), "tokens": t["trained_tokens"].loc[stale.index].to_numpy()})
+    out = df.groupby("staleness", as_index=False).agg(trajectories=("tokens", "size"), trained_tokens=("tokens", "sum"))
+    out["fraction"] = out["trajectories"] / max(len(df), 1)
+    out.insert(0, "policy", label(record))
+    return out
+
+
+def waste_table(record: RunRecord) -> dict[str, Any]:
+    """What staleness control and preemption cost: discarded, re-run and moved work."""
+    t = record.trajectories
+    status = t["status"].astype(str)
+    counts = event_counts(record)
+    fin = t["finish_status"].astype(str) if "finish_status" in t else pd.Series("", index=t.index)
+    return {
+        "policy": label(record),
+        "trajectories": len(t),
+        "trained": int((status == TrajStatus.TRAINED.value).sum()),
+        "dropped": int((status == TrajStatus.DROPPED.value).sum()),
+        "timed_out": int((fin == TrajStatus.TIMED_OUT.value).sum()),
+        "interrupted_then_resumed": int((t["dispatches"] > 1).sum()),
+        "resumes": int((t["dispatches"] - 1).clip(lower=0).sum()),
+        "migrations": int(t["migrations"].sum()),
+        "evictions": counts.get("Evict", 0),
+        "sandbox_queued": counts.get("SandboxQueued", 0),
+        "wasted_tokens": int(t["wasted_tokens"].sum()),
+        "dropped_tokens": int(t["output_tokens"][status == TrajStatus.DROPPED.value].sum()),
+        "saved_tokens": saved_tokens(record),
+    }
+
+
+def step_times(record: RunRecord) -> pd.DataFrame:
+    """Wall time of each optimizer step (time between consecutive step ends).
+
+    Steps are numbered from 0 like the trajectories' ``step`` (step ``s`` makes version
+    ``s + 1``)."""
+    s = record.steps.sort_values("version")
+    end = s["time"].to_numpy(dtype=np.float64)
+    dur = np.diff(end, prepend=0.0)
+    step = s["version"].to_numpy() - 1
+    return pd.DataFrame({"policy": label(record), "step": step, "end": end, "seconds": dur})
+
+
+def length_bias(record: RunRecord) -> pd.DataFrame:
+    """Are short trajectories trained first? Per step: the trace length (turns) of the
+    trajectories trained in that optimizer step vs. of the step's whole batch.
+
+    ``bias_pct`` > 0: trained ones were longer than the batch; < 0: shorter, the bias that
+    hurts learning on long-horizon tasks when a policy trains whatever finished first.
+    """
+    t = record.trajectories
+    status = t["status"].astype(str)
+    batch = t.groupby("step")["turns_total"].agg(batch_trajectories="size", batch_mean_turns="mean")
+    tr = t[status == TrajStatus.TRAINED.value]
+    trained = tr.groupby("trained_version")["turns_total"].agg(
+        trained_trajectories="size", trained_mean_turns="mean",
+        trained_p90_turns=lambda x: float(np.percentile(x, 90)),
+    )
+    trained.index.name = "step"
+    out = batch.join(trained, how="outer").reset_index()
+    out["bias_pct"] = (out["trained_mean_turns"] / out["batch_mean_turns"] - 1.0) * 100.0
+    out.insert(0, "policy", label(record))
+    return out

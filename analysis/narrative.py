@@ -1,0 +1,55 @@
+"""A few sentences per policy saying where its GPU-time went, generated from its
+breakdown and summary row, so the reader gets the story before the plots."""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import pandas as pd
+
+from .style import time_unit
+
+MIN_SHARE = 0.01  # causes under 1% of GPU-time are folded into "other"
+MAX_CAUSES = 7  # the rest is summed as "everything else"
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.0f}%" if x >= 0.01 else f"{x * 100:.1f}%"
+
+
+def _duration(seconds: float) -> str:
+    div, unit = time_unit(seconds)
+    return f"{seconds / div:.3g} {unit}"
+
+
+def _join(items: list[str]) -> str:
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def describe(name: str, row: dict[str, Any], breakdown: pd.DataFrame) -> str:
+    """HTML (escaped) sentences for one policy."""
+    bd = breakdown.sort_values("fraction", ascending=False)
+    big = bd[bd["fraction"] >= MIN_SHARE].head(MAX_CAUSES)
+    items = [f"{_pct(f)} {c}" for c, f in zip(big["cause"], big["fraction"], strict=True)]
+    rest = float(bd["fraction"].sum() - big["fraction"].sum())
+    if rest >= 0.005:
+        items.append(f"{_pct(rest)} on everything else")
+    text = f"{name} spent {_join(items)} of its GPU-time"
+    util = row.get("gpu_utilization", math.nan)
+    if isinstance(util, float) and math.isfinite(util):
+        text += f" (utilization {_pct(util)})"
+    text += f". Makespan {_duration(float(row['sim_seconds']))} for {row['steps']} steps"
+    lb = row.get("lower_bound_seconds", math.nan)
+    if isinstance(lb, float) and math.isfinite(lb) and lb > 0:
+        text += f", {row['gap_to_bound_pct']:.0f}% above the lower bound of {_duration(lb)}"
+    text += f". Max staleness {row['max_staleness']}"
+    lost = int(row.get("lost_trajectories", 0))
+    text += f"; {lost} trajectories lost" + (" (a bug: every trajectory must end trained or dropped)" if lost else "")
+    dropped = int(row.get("dropped_trajectories", 0))
+    if dropped:
+        text += f"; {dropped} dropped"
+    return html.escape(text + ".")

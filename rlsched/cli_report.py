@@ -1,0 +1,43 @@
+"""``rlsched report RUN_DIR [RUN_DIR...] --out DIR [--open]``: the HTML report of run records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report_cmd)
+
+
+def report_cmd(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories (written by `rlsched run` or `compare`, under runs/).", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", help="Folder for report.html and the CSV tables.")],
+    title: Annotated[str | None, typer.Option("--title", help="Page title.")] = None,
+    open_report: Annotated[bool, typer.Option("--open", help="Open report.html in a browser.")] = False,
+) -> None:
+    """Write DIR/report.html (self-contained: plots embedded) and summary/breakdown/bubbles/staleness CSVs."""
+    from rlsched.analysis.report import write_report
+
+    path = write_report(_expand(run_dirs), out, title=title)
+    typer.echo(f"report: {path}")
+    if open_report:
+        import webbrowser
+
+        webbrowser.open(path.absolute().as_uri())
+
+
+def _expand(run_dirs: list[Path]) -> list[Path]:
+    """A `rlsched compare` output folder stands for all the runs under its ``runs/``."""
+    out: list[Path] = []
+    for d in run_dirs:
+        runs = d / "runs"
+        if not (d / "meta.json").exists() and runs.is_dir():
+            found = sorted(p for p in runs.iterdir() if (p / "meta.json").is_file())
+            if found:
+                out.extend(found)
+                continue
+        out.append(d)
+    return out
