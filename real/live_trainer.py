@@ -1,0 +1,103 @@
+"""The trainer as the live driver drives it: one ordered lane of blocking operations.
+
+Why a lane: membership changes (a role change resizing the data-parallel group) and
+training jobs (micro-batches, optimizer steps) must never overlap, and must happen in the
+order the policy asked for them. One worker thread runs them in FIFO order while the
+driver's event loop keeps serving engines and environments.
+
+When the policy takes every GPU away from training (colocated switches the whole cluster
+to rollout after each step) the group is checkpointed and shut down -- its weights and
+AdamW state go to disk, as an offload would -- and restored when GPUs come back.
+After every optimizer step the new weights are exported and published to Ray's object
+store (:class:`~rlsched.real.weights.WeightStore`) before the step is reported, so a
+``SyncWeights`` or a new engine always finds the version the trainer holds.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .weights import WeightStore
+
+
+class TrainerLane:
+    def __init__(self, model_dir: str, *, seed: int, lr: float, threads: int, ckpt_dir: Path,
+                 weights: WeightStore) -> None:
+        self.model_dir = model_dir
+        self.seed, self.lr, self.threads = seed, lr, threads
+        self.ckpt = ckpt_dir / "trainer.pt"
+        self.weights = weights
+        self.group: Any = None  # rlsched.real.trainer.TrainerGroup
+        self.has_ckpt = False
+        self.pending_tokens = 0
+        self.version = 0
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlsched-trainer")
+
+    # ----------------------------------------------------------- membership
+    def set_slots(self, slots: list[int]) -> Future[dict]:
+        return self._pool.submit(self._set_slots, list(slots))
+
+    def _set_slots(self, slots: list[int]) -> dict:
+        t0 = time.perf_counter()
+        action = "resize"
+        if not slots:
+            if self.group is not None:
+                self.group.save_checkpoint(self.ckpt)
+                self.group.shutdown()
+                self.group, self.has_ckpt, action = None, True, "offload"
+        elif self.group is None:
+            from .trainer import TrainerGroup
+
+            self.group = TrainerGroup(self.model_dir, slots, seed=self.seed, lr=self.lr,
+                                      threads_per_rank=self.threads)
+            action = "start"
+            if self.has_ckpt:
+                self.group.load_checkpoint(self.ckpt)
+                action = "restore"
+        else:
+            self.group.resize(slots)
+        return {"action": action, "world": len(slots), "seconds": time.perf_counter() - t0}
+
+    # ----------------------------------------------------------------- jobs
+    def micro_batch(self, samples: list[Any]) -> Future[dict]:
+        return self._pool.submit(self._micro_batch, samples)
+
+    def _micro_batch(self, samples: list[Any]) -> dict:
+        t0 = time.perf_counter()
+        if not samples:
+            return {"samples": 0, "tokens": 0, "trained_tokens": 0, "seconds": 0.0}
+        stats = self.group.train_micro_batch(samples)
+        self.pending_tokens += int(stats.get("trained_tokens", 0))
+        stats["seconds"] = time.perf_counter() - t0
+        return stats
+
+    def optimizer_step(self) -> Future[dict]:
+        return self._pool.submit(self._optimizer_step)
+
+    def _optimizer_step(self) -> dict:
+        t0 = time.perf_counter()
+        empty = self.pending_tokens == 0
+        if not empty:
+            self.group.optimizer_step()
+        # The lane's count is the run's version: a step in which nothing was trained (no
+        # generated token kept) leaves the weights as they are but still counts.
+        self.version += 1
+        self.pending_tokens = 0
+        t1 = time.perf_counter()
+        pub = self.weights.publish(self.group.export_hf_state_dict(), self.version)
+        return {
+            "version": self.version, "empty": empty, "step_seconds": t1 - t0,
+            "export_seconds": time.perf_counter() - t1, "nbytes": pub.nbytes,
+            "seconds": time.perf_counter() - t0,
+        }
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.group is not None:
+            try:
+                self.group.shutdown()
+            finally:
+                self.group = None
