@@ -4,58 +4,100 @@ Every sequence in an engine's decode batch gains one token per decode step, so a
 them advance at the same per-sequence rate. Instead of one event per token we keep a
 single *progress* counter ``P`` (tokens each batch member has produced since the engine
 started) and a heap of the progress values at which members finish their turn. The rate
-is recomputed only when the batch changes (a turn starts or ends, a trajectory moves),
-which is O(log n) per change -- never a rescan of the batch.
+is recomputed only when the batch changes (a turn starts or ends), which is O(log n) per
+change -- never a rescan of the batch. (A member leaving mid-turn -- interrupt,
+migration -- costs O(n); that happens a few times per step, not per turn.)
 
 Prefill and weight sync are *stalls*: the engine makes no decode progress while it runs
 them (vLLM interleaves chunked prefill with decode; charging it as a stall gives the same
 total engine time). Context grows during decode; it is sampled at each batch change,
 which is exact whenever turns are short relative to the context (the usual case) and is
 documented as the model's approximation.
+
+This is the simulator's innermost loop (a few calls per simulated turn), so members are
+plain tuples, the cost model's decode and prefill formulas are evaluated from constants
+folded once per engine (same operations in the same order, so the floats are identical
+to :class:`~rlsched.sim.cost.CostModel`'s), and members are keyed by the driver's own
+trajectory objects (hashed by identity) rather than looked up by id.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Hashable
+from typing import Any
 
 from .cost import CostModel
+from .timers import NORMAL, Call
 
 _EPS = 1e-9
+_INF = float("inf")
 
 
-@dataclass(slots=True)
-class Member:
-    """A trajectory in the decode batch (join bookkeeping for O(1) context sums)."""
-
-    target: float  # progress value at which its turn ends
-    base: float  # context at join minus progress at join
-    seq: int
-
-
-@dataclass(slots=True)
 class EngineSim:
-    id: int
-    first_gpu: int
-    tp: int
-    cost: CostModel
-    kv_capacity: int
-    version: int = 0
-    progress: float = 0.0
-    updated: float = 0.0
-    rate: float = 0.0  # tokens/s per sequence (0 with an empty batch)
-    stall_end: float = 0.0
-    sync_end: float = -1.0
-    heap: list[tuple[float, int, str]] = field(default_factory=list)
-    members: dict[str, Member] = field(default_factory=dict)
-    ctx_base: float = 0.0  # sum of member.base
-    kv_reserved: int = 0
-    reservations: dict[str, int] = field(default_factory=dict)
-    env_lru: OrderedDict[str, None] = field(default_factory=OrderedDict)  # in tool time, KV held
-    evicted: list[str] = field(default_factory=list)  # drained by the driver after reserve()
-    wake_at: float = float("inf")
-    seq_counter: int = 0
+    """Timing state of one rollout engine (the policy-visible part is its ``es``)."""
+
+    _ok = True  # (SimPy event protocol, see the driver's wake-up timer)
+
+    __slots__ = (
+        "_comp_den", "_kv_tok", "_mem_den", "_overhead", "_params2", "_pre_attn", "_pre_den",
+        "_weights", "callbacks", "closed", "cost", "ctx_base", "eid", "env_lru", "es",
+        "evicted", "first_gpu", "gsince", "gstate", "heap", "id", "kv_capacity", "kv_reserved",
+        "members", "owns", "progress", "queue", "rate", "reservations", "seq_counter",
+        "stall_end", "sync_end", "timer_at", "tp", "updated", "version", "wake_at",
+        "wake_callbacks",
+    )
+
+    def __init__(
+        self, id: int, first_gpu: int, tp: int, cost: CostModel, kv_capacity: int,
+        version: int = 0, es: Any = None,
+    ) -> None:
+        self.id = id
+        self.first_gpu = first_gpu
+        self.tp = tp
+        self.cost = cost
+        self.kv_capacity = kv_capacity
+        self.version = version
+        self.es = es  # the engine's ClusterState.EngineState (roles/queue seen by policies)
+        self.progress = 0.0
+        self.updated = 0.0
+        self.rate = 0.0  # tokens/s per sequence (0 with an empty batch)
+        self.stall_end = 0.0
+        self.sync_end = -1.0
+        # members: key -> (target progress, context at join minus progress at join)
+        self.members: dict[Hashable, tuple[float, float]] = {}
+        # (target, join seq, key, base), one per member: a member that leaves early takes its
+        # entry out (rare), so the hot path never meets a stale entry
+        self.heap: list[tuple[float, int, Any, float]] = []
+        self.ctx_base = 0.0  # sum of member bases
+        self.kv_reserved = 0
+        self.reservations: dict[Hashable, int] = {}
+        self.env_lru: OrderedDict[Hashable, None] = OrderedDict()  # in tool time, KV held
+        self.evicted: list[Any] = []  # drained by the driver after reserve()
+        self.wake_at = _INF
+        self.seq_counter = 0
+        self.closed = False
+        # the engine is the SimPy event of its own wake-up timer when none is pending
+        self.callbacks: tuple | None = None
+        self.timer_at = 0.0
+        self.gstate: object = None  # GpuState of this engine's GPUs
+        self.gsince = 0.0  # since when (valid while it owns them, see GpuStates.claim)
+        self.owns = False
+        # where rearm() pushes the engine's wake-up timer (set by the driver; see .timers)
+        self.queue: list = []
+        self.eid: Any = None
+        self.wake_callbacks: tuple = ()
+        # CostModel.decode_step_s / prefill_s with their constant factors folded
+        c = cost
+        self._weights = c.weight_bytes
+        self._kv_tok = c.kv_bytes_per_token
+        self._mem_den = tp * c.hbm_bw * c.decode_bw_eff
+        self._params2 = 2 * c.params
+        self._comp_den = tp * c.peak_flops * c.decode_compute_eff
+        self._overhead = c.decode_overhead_s
+        self._pre_attn = 4 * c.layers * c.d_model
+        self._pre_den = tp * c.peak_flops * c.prefill_eff
 
     # ------------------------------------------------------------ progress
     def advance(self, now: float) -> None:
@@ -70,7 +112,9 @@ class EngineSim:
             self.rate = 0.0
             return
         context = self.ctx_base + b * self.progress
-        self.rate = 1.0 / self.cost.decode_step_s(self.tp, b, context)
+        mem = (self._weights + self._kv_tok * context) / self._mem_den
+        comp = self._params2 * b / self._comp_den
+        self.rate = 1.0 / (self._overhead + (mem if mem > comp else comp))
 
     def stall(self, now: float, seconds: float) -> float:
         """Add ``seconds`` of engine-blocking work (prefill, sync); return when it ends."""
@@ -79,86 +123,125 @@ class EngineSim:
         return self.stall_end
 
     # --------------------------------------------------------------- batch
-    def join(self, now: float, tid: str, context: float, tokens: float) -> None:
-        """``tid`` decodes ``tokens`` more tokens on top of ``context`` (after any stall)."""
-        self.advance(now)
-        self.seq_counter += 1
-        m = Member(self.progress + tokens, context - self.progress, self.seq_counter)
-        self.members[tid] = m
-        self.ctx_base += m.base
-        heapq.heappush(self.heap, (m.target, m.seq, tid))
-        self._recompute_rate()
+    def join(self, now: float, key: Hashable, cached: int, new: int, tokens: float) -> None:
+        """``key`` prefills ``new`` tokens on top of ``cached`` ones (a stall, if any are
+        new), then decodes ``tokens`` more. (:meth:`advance`, :meth:`stall`,
+        ``CostModel.prefill_s`` and :meth:`_recompute_rate` are inlined: this runs every turn.)"""
+        start = self.updated if self.updated > self.stall_end else self.stall_end
+        if now > start and self.rate > 0.0:
+            self.progress += (now - start) * self.rate
+        self.updated = now
+        if new > 0:
+            prefill = (self._params2 * new + self._pre_attn * new * (cached + new / 2)) / self._pre_den
+            self.stall_end = (self.stall_end if self.stall_end > now else now) + prefill
+        self.seq_counter = seq = self.seq_counter + 1
+        p = self.progress
+        target = p + tokens
+        base = (cached + new) - p
+        members = self.members
+        members[key] = (target, base)
+        self.ctx_base += base
+        heapq.heappush(self.heap, (target, seq, key, base))
+        b = len(members)
+        mem = (self._weights + self._kv_tok * (self.ctx_base + b * p)) / self._mem_den
+        comp = self._params2 * b / self._comp_den
+        self.rate = 1.0 / (self._overhead + (mem if mem > comp else comp))
 
-    def leave(self, now: float, tid: str, tokens: int) -> int:
+    def leave(self, now: float, key: Hashable, tokens: int) -> int:
         """Remove a member early (interrupt, migration). ``tokens`` is what it joined to
         produce; return how many of them it has produced (whole tokens)."""
         self.advance(now)
-        m = self.members.pop(tid)
-        self.ctx_base -= m.base
+        target, base = self.members.pop(key)
+        heap = self.heap
+        i = next(j for j, entry in enumerate(heap) if entry[2] is key)
+        last = heap.pop()
+        if i < len(heap):
+            heap[i] = last
+            heapq.heapify(heap)
+        self.ctx_base -= base
         self._recompute_rate()
-        left = m.target - self.progress
+        left = target - self.progress
         return max(0, min(tokens, int(tokens - left))) if left > 0 else tokens
 
-    def pop_due(self, now: float) -> list[str]:
-        """Members whose turn has ended by ``now`` (in finish order)."""
-        self.advance(now)
-        due: list[str] = []
+    def pop_due(self, now: float) -> list[Any]:
+        """Members whose turn has ended by ``now`` (in finish order). (:meth:`advance`
+        and :meth:`_recompute_rate` inlined: this runs every turn.)"""
+        start = self.updated if self.updated > self.stall_end else self.stall_end
+        if now > start and self.rate > 0.0:
+            self.progress += (now - start) * self.rate
+        self.updated = now
+        due: list[Any] = []
         heap, members = self.heap, self.members
+        progress = self.progress
         while heap:
-            target, seq, tid = heap[0]
-            m = members.get(tid)
-            if m is None or m.seq != seq:
-                heapq.heappop(heap)  # stale entry of a member that left
-                continue
-            if target > self.progress + 1e-6 * (1.0 + target):
+            target, _, key, base = heap[0]
+            if target > progress + 1e-6 * (1.0 + target):
                 break
             heapq.heappop(heap)
-            del members[tid]
-            self.ctx_base -= m.base
-            due.append(tid)
+            del members[key]
+            self.ctx_base -= base
+            due.append(key)
         if due:
-            self._recompute_rate()
+            b = len(members)
+            if b == 0:
+                self.rate = 0.0
+            else:
+                mem = (self._weights + self._kv_tok * (self.ctx_base + b * progress)) / self._mem_den
+                comp = self._params2 * b / self._comp_den
+                self.rate = 1.0 / (self._overhead + (mem if mem > comp else comp))
         return due
 
-    def next_finish(self, now: float) -> float:
-        """Time the earliest member finishes at the current rate (inf if none)."""
-        heap, members = self.heap, self.members
-        while heap:
-            target, seq, tid = heap[0]
-            m = members.get(tid)
-            if m is None or m.seq != seq:
-                heapq.heappop(heap)
-                continue
-            begin = self.stall_end if self.stall_end > now else now
-            remaining = target - self.progress
-            return begin + (remaining / self.rate if remaining > 0 else 0.0)
-        return float("inf")
+    def rearm(self, now: float) -> None:
+        """Make sure a wake-up timer is pending for the earliest finish (at the current
+        rate, after any stall): if that is now before the pending wake-up, push a timer
+        for it onto the event queue (the engine itself is the timer event when it has
+        none pending, else a :class:`~rlsched.sim.timers.Call`).
+
+        A wake-up that the batch has since made too early is not cancelled: it fires, finds
+        nothing due and re-arms (cheaper than cancelling entries in SimPy's heap)."""
+        heap = self.heap
+        if not heap:
+            return
+        begin = self.stall_end if self.stall_end > now else now
+        remaining = heap[0][0] - self.progress
+        at = begin + (remaining / self.rate if remaining > 0 else 0.0)
+        if at < self.wake_at - 1e-9:
+            self.wake_at = at
+            if self.callbacks is None:
+                self.callbacks = self.wake_callbacks
+                self.timer_at = at
+                ev: Any = self
+            else:
+                ev = Call(self.wake_callbacks, None, self, at)
+            heapq.heappush(self.queue, (now + (at - now if at > now else 0.0), NORMAL, next(self.eid), ev))
 
     # ------------------------------------------------------------------ KV
-    def reserve(self, tid: str, tokens: int) -> bool:
-        """Grow ``tid``'s KV reservation to ``tokens``; evict idle contexts if needed."""
-        have = self.reservations.get(tid, 0)
+    def reserve(self, key: Hashable, tokens: int) -> bool:
+        """Grow ``key``'s KV reservation to ``tokens``; evict idle contexts if needed."""
+        have = self.reservations.get(key, 0)
         need = tokens - have
         if need <= 0:
             return True
-        while self.kv_reserved + need > self.kv_capacity and self.env_lru:
-            victim = next(iter(self.env_lru))
-            if victim == tid:
-                break
-            self.evict(victim)
         if self.kv_reserved + need > self.kv_capacity:
-            return False
-        self.reservations[tid] = tokens
+            lru = self.env_lru
+            while self.kv_reserved + need > self.kv_capacity and lru:
+                victim = next(iter(lru))
+                if victim is key:
+                    break
+                self.evict(victim)
+            if self.kv_reserved + need > self.kv_capacity:
+                return False
+        self.reservations[key] = tokens
         self.kv_reserved += need
         return True
 
-    def evict(self, tid: str) -> None:
-        self.release(tid)
-        self.env_lru.pop(tid, None)
-        self.evicted.append(tid)
+    def evict(self, key: Hashable) -> None:
+        self.release(key)
+        self.env_lru.pop(key, None)
+        self.evicted.append(key)
 
-    def release(self, tid: str) -> None:
-        self.kv_reserved -= self.reservations.pop(tid, 0)
+    def release(self, key: Hashable) -> None:
+        self.kv_reserved -= self.reservations.pop(key, 0)
 
     @property
     def decoding(self) -> int:

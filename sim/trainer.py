@@ -27,3 +27,18 @@ class TrainerSim:
     accumulated: list[str] = field(default_factory=list)
     busy_seconds: float = 0.0
     step_seconds: float = 0.0  # busy time of the current optimizer step
+    _runs_of: tuple[int, ...] = ()
+    _runs: tuple[tuple[int, int], ...] = ()
+
+    def runs(self, gpus: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+        """``gpus`` (ascending) as (first, count) runs of consecutive ids. Jobs run on the
+        same GPUs until the trainer's set changes, so the last answer is kept."""
+        if gpus != self._runs_of:
+            runs: list[tuple[int, int]] = []
+            for g in gpus:
+                if runs and runs[-1][0] + runs[-1][1] == g:
+                    runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+                else:
+                    runs.append((g, 1))
+            self._runs_of, self._runs = gpus, tuple(runs)
+        return self._runs

@@ -1,0 +1,369 @@
+"""Trajectory lifecycle in the simulator: dispatch, admission under KV capacity, turns
+(prefill + shared-rate decode), tool time with sandbox slots, finish, interrupt, migration.
+
+Per simulated turn the driver processes two timers: an engine wake-up (the turn's decode
+ends, :meth:`Lifecycle._wake_timer`) and a tool-call return (:meth:`Lifecycle._env_timer`).
+They are the simulator's inner loop, so they are SimPy callbacks of their own (no generic
+dispatch), push their successors onto the event queue directly (see :mod:`.core`), work
+on :class:`~rlsched.sim.core.SimTraj` and :class:`~rlsched.sim.engine.EngineSim` objects
+rather than ids, and touch ids only where the policy-visible ``ClusterState`` needs them.
+"""
+
+from __future__ import annotations
+
+from heapq import heappush
+
+from rlsched.cluster.events import TrajectoryFinished
+from rlsched.cluster.ids import GpuState, TrajStatus
+
+from .core import DriverCore, SimTraj
+from .engine import EngineSim
+from .timers import NORMAL, Call
+
+_INF = float("inf")
+_QUEUED = TrajStatus.QUEUED
+_RUNNING = TrajStatus.RUNNING
+_INTERRUPTED = TrajStatus.INTERRUPTED
+_TIMED_OUT = TrajStatus.TIMED_OUT
+_DONE = TrajStatus.DONE
+_GENERATE = GpuState.GENERATE
+
+
+class Lifecycle(DriverCore):
+    """Methods of :class:`~rlsched.sim.driver.SimDriver` that move trajectories along."""
+
+    # ---------------------------------------------------------- dispatch
+    def _dispatch(self, t: SimTraj, eng: EngineSim) -> None:
+        st = self.state
+        st.advance(self.now)
+        ts = t.ts
+        if ts.status is _INTERRUPTED:
+            st.mark_resumable(t.tid)
+        st.mark_active(t.tid, _QUEUED, eng.id)
+        if t.prompts is None:
+            t.prompts, t.outputs, t.env_s = self.w.turn_lists(t.widx)
+        eng.es.queue.append(t.tid)
+        self._admit(eng)
+
+    def _admit(self, eng: EngineSim) -> None:
+        """Start queued trajectories while the engine's KV cache has room (FIFO)."""
+        es = eng.es
+        queue = es.queue
+        trajs = self.trajs
+        while queue and not es.draining:
+            t = trajs[queue[0]]
+            i = t.ts.turns_done
+            need = t.ctx + t.prompts[i] + t.outputs[i]
+            if need > eng.kv_capacity:
+                queue.popleft()
+                self._finish(t, _TIMED_OUT, eng.id, note="context exceeds KV capacity")
+                continue
+            if not eng.reserve(t, need):
+                break
+            if eng.evicted:
+                self._drain_evictions(eng)
+            queue.popleft()
+            es.running.add(t.tid)
+            t.ts.status = _RUNNING
+            self._start_turn(t, eng)
+        self._engine_touch(eng)
+
+    def _drain_evictions(self, eng: EngineSim) -> None:
+        for v in eng.evicted:
+            v.kv_cached = False
+            if self.rec is not None:
+                self.rec.event(self.now, "Evict", engine=eng.id, trajectory=v.tid)
+        eng.evicted.clear()
+
+    # -------------------------------------------------------------- turns
+    def _start_turn(self, t: SimTraj, eng: EngineSim) -> bool:
+        """Prefill the turn's new tokens and join the decode batch; False if it waits for
+        its KV to arrive (the engine's GPU state is then not updated here)."""
+        p = t.prompts[t.ts.turns_done]
+        mid = t.mid_turn
+        delay = 0.0
+        if t.kv_cached:
+            new, cached = (0 if mid else p), t.ctx + (p if mid else 0)
+        else:
+            held = t.ctx + ((p + t.turn_progress) if mid else 0)
+            if t.moved_at >= 0.0 and held > 0:
+                secs, by_prefill = self.cost.migrate_s(self.cfg.tp, held)
+                if by_prefill:
+                    new, cached = held + (0 if mid else p), 0
+                else:
+                    now = self.now
+                    delay = max(0.0, t.moved_at + secs - now)
+                    new, cached = (0 if mid else p), held
+            else:
+                new, cached = held + (0 if mid else p), 0
+        t.moved_at = -1.0
+        t.kv_cached = True
+        t.mid_turn = True
+        t.turn_version = eng.version
+        if delay > 0.0:
+            # KV still in transit: the trajectory waits; the engine is not blocked.
+            self._later(delay, self._join_after_transfer, t, (eng.id, new, cached, t.join_token))
+            return False
+        eng.join(self.now, t, cached, new, t.outputs[t.ts.turns_done] - t.turn_progress)
+        self._engine_touch(eng)
+        eng.rearm(self.now)
+        return True
+
+    def _join_after_transfer(self, t: SimTraj, args: tuple[int, int, int, int]) -> None:
+        e, new, cached, token = args
+        ts = t.ts
+        if token != t.join_token or ts.engine != e or ts.status is not _RUNNING:
+            return  # moved or interrupted while its KV was in transit
+        self._join(t, self.engines[e], new, cached)
+
+    def _join(self, t: SimTraj, eng: EngineSim, new: int, cached: int) -> None:
+        eng.join(self.now, t, cached, new, t.outputs[t.ts.turns_done] - t.turn_progress)
+        self._engine_touch(eng)
+        eng.rearm(self.now)
+
+    # ------------------------------------------------ the two per-turn timers
+    # These two callbacks are the inner loop (each runs once per simulated turn), so their
+    # common path is written out here: the tool-call timer is pushed inline (as in
+    # :meth:`_env_later`), and the engine's GPU state is
+    # recomputed only when it can have changed (a decoding engine, not syncing, whose
+    # GPUs already show GENERATE: :meth:`_engine_touch` would do nothing).
+
+    def _wake_timer(self, ev: Call | EngineSim) -> None:
+        """Timer callback: the engine's earliest decode may have ended; end those turns."""
+        self.events_processed += 1
+        self.now = now = self.env.now
+        if ev.__class__ is Call:
+            eng, at = ev.a, ev.b
+        else:
+            eng, at = ev, ev.timer_at
+        if not eng.closed:
+            if at == eng.wake_at:
+                eng.wake_at = _INF
+            for t in eng.pop_due(now):
+                self._turn_done(t, eng)
+            if not eng.closed:
+                eng.rearm(now)
+                if not (eng.members and eng.gstate is _GENERATE and eng.sync_end <= now):
+                    self._engine_touch(eng)
+        if self._events:
+            self._pump()
+
+    def _turn_done(self, t: SimTraj, eng: EngineSim) -> None:
+        ts = t.ts
+        i = ts.turns_done
+        p, o = t.prompts[i], t.outputs[i]
+        t.generated += o - t.turn_progress
+        t.ctx += p + o
+        t.prompt_kept += p
+        t.output_kept += o
+        t.mid_turn = False
+        t.turn_progress = 0
+        ts.turns_done = i + 1
+        ts.tokens = t.ctx
+        v0 = t.turn_version
+        if ts.min_version < 0 or v0 < ts.min_version:
+            ts.min_version = v0
+        if eng.version > ts.max_version:
+            ts.max_version = eng.version
+        es = eng.es
+        if i + 1 == t.n_turns:
+            es.running.discard(t.tid)
+            eng.release(t)
+            self._finish(t, _TIMED_OUT if t.truncated else _DONE, eng.id)
+            self._admit(eng)
+            return
+        # tool time, in a sandbox slot if one is free
+        t.in_env = True
+        t.env_token = token = t.env_token + 1
+        if self.sandbox_free > 0:
+            self.sandbox_free -= 1
+            t.sandbox = True
+            delay = t.env_s[i]
+            if t.callbacks is None:  # (_env_later, inline)
+                t.callbacks = self._env_callbacks
+                t.timer_token = token
+                ev: object = t
+            else:
+                ev = Call(self._env_callbacks, None, t, token)
+            heappush(self._queue, (self.now + (delay if delay > 0.0 else 0.0), NORMAL,
+                                   next(self._eid), ev))
+        else:
+            t.waiting_sandbox = True
+            self.sandbox_queue.append(t)
+            if self.rec is not None:
+                self.rec.event(self.now, "SandboxQueued", trajectory=t.tid)
+        if es.draining:
+            self._move_out(t, eng)  # finish_turn drain: leave between turns
+        else:
+            eng.env_lru[t] = None
+
+    def _env_later(self, t: SimTraj, delay: float, token: int) -> None:
+        """The tool call of ``t`` (``env_token`` = ``token``) returns in ``delay`` seconds."""
+        if t.callbacks is None:  # the trajectory is its own timer event (see core)
+            t.callbacks = self._env_callbacks
+            t.timer_token = token
+            ev: object = t
+        else:
+            ev = Call(self._env_callbacks, None, t, token)
+        heappush(self._queue, (self.now + (delay if delay > 0.0 else 0.0), NORMAL, next(self._eid), ev))
+
+    def _env_timer(self, ev: Call | SimTraj) -> None:
+        """Timer callback: a tool call returned; start the next turn (or queue for KV)."""
+        self.events_processed += 1
+        self.now = now = self.env.now
+        if ev.__class__ is Call:
+            t, token = ev.a, ev.b
+        else:
+            t, token = ev, ev.timer_token
+        if token != t.env_token:  # cancelled (interrupted or moved meanwhile)
+            if self._events:
+                self._pump()
+            return
+        if t.waiting_sandbox or self.sandbox_queue:
+            self._release_sandbox(t)
+        elif t.sandbox:  # (_release_sandbox's common case, inline)
+            t.sandbox = False
+            self.sandbox_free += 1
+        t.in_env = False
+        ts = t.ts
+        if ts.status is _QUEUED:
+            self._rejoin_after_tool(t)
+        else:
+            eng = self.engines[ts.engine]
+            eng.env_lru.pop(t, None)
+            i = ts.turns_done
+            need = t.ctx + t.prompts[i] + t.outputs[i]
+            if need > eng.kv_capacity:
+                eng.es.running.discard(t.tid)
+                eng.release(t)
+                self._finish(t, _TIMED_OUT, eng.id, note="context exceeds KV capacity")
+                self._admit(eng)
+            elif not eng.reserve(t, need):
+                self._wait_for_kv(t, eng)
+            else:
+                if eng.evicted:
+                    self._drain_evictions(eng)
+                if t.kv_cached:  # (_start_turn's common case, inline: prefix cache hit)
+                    p = t.prompts[i]
+                    if t.mid_turn:
+                        new, cached = 0, t.ctx + p
+                    else:
+                        new, cached = p, t.ctx
+                    t.moved_at = -1.0
+                    t.mid_turn = True
+                    t.turn_version = eng.version
+                    eng.join(now, t, cached, new, t.outputs[i] - t.turn_progress)
+                    if eng.gstate is not _GENERATE or eng.sync_end > now:
+                        self._engine_touch(eng)
+                    eng.rearm(now)
+                elif not self._start_turn(t, eng):  # (a join already updated the GPU state)
+                    self._engine_touch(eng)
+        if self._events:
+            self._pump()
+
+    def _rejoin_after_tool(self, t: SimTraj) -> None:
+        """Moved off its engine during tool time: join the queue of its new engine (or of
+        another one if that engine has since left rollout)."""
+        ts = t.ts
+        e = ts.engine
+        es = self.state.engines_.get(e)
+        if es is None or es.draining:
+            if not self.state.engines():
+                self._finish(t, _INTERRUPTED, e, note="no rollout engine left")
+                return
+            e = ts.engine = self.state.least_loaded()
+        eng = self.engines[e]
+        eng.es.queue.append(t.tid)
+        self._admit(eng)
+
+    def _wait_for_kv(self, t: SimTraj, eng: EngineSim) -> None:
+        """No room even after evicting idle contexts: wait at the head of the queue."""
+        self._drain_evictions(eng)
+        eng.release(t)
+        t.kv_cached = False
+        es = eng.es
+        es.running.discard(t.tid)
+        es.queue.appendleft(t.tid)
+        t.ts.status = _QUEUED
+        self._engine_touch(eng)
+
+    def _release_sandbox(self, t: SimTraj) -> None:
+        if t.waiting_sandbox:
+            t.waiting_sandbox = False
+            self.sandbox_queue.remove(t)
+        if not t.sandbox:
+            return
+        t.sandbox = False
+        self.sandbox_free += 1
+        while self.sandbox_free > 0 and self.sandbox_queue:
+            u = self.sandbox_queue.popleft()
+            u.waiting_sandbox = False
+            u.sandbox = True
+            self.sandbox_free -= 1
+            env_s = u.env_s[u.ts.turns_done - 1] if u.env_s is not None else 0.0
+            self._env_later(u, env_s, u.env_token)
+
+    # ------------------------------------------------------ leaving engines
+    def _finish(self, t: SimTraj, status: TrajStatus, e: int, note: str = "") -> None:
+        t.prompts = t.outputs = t.env_s = None  # free per-turn data
+        t.kv_cached = False
+        self.state.advance(self.now)
+        self.state.mark_finished(t.tid, status)
+        if note and self.rec is not None:
+            self.rec.event(self.now, "Note", trajectory=t.tid, engine=e, detail=note)
+        self._emit(TrajectoryFinished(t.tid, status, e))
+
+    def _interrupt(self, t: SimTraj, keep: bool) -> None:
+        ts = t.ts
+        e = ts.engine
+        eng = self.engines.get(e)
+        in_env = t.in_env
+        if eng is not None:
+            self._detach(t, eng)
+        t.env_token += 1
+        t.wasted += t.turn_progress
+        t.mid_turn, t.turn_progress, t.moved_at = False, 0, -1.0
+        if in_env:
+            t.in_env = False
+            self._release_sandbox(t)
+        if not keep:
+            t.wasted += t.output_kept
+            t.ctx = t.prompt_kept = t.output_kept = 0
+            ts.turns_done, ts.tokens, ts.min_version, ts.max_version = 0, 0, -1, -1
+        self._finish(t, _INTERRUPTED, e)
+        if eng is not None and not eng.closed:
+            self._admit(eng)
+
+    def _detach(self, t: SimTraj, eng: EngineSim) -> None:
+        """Take ``t`` off engine ``eng`` (decode batch, queue, KV), keeping turn progress."""
+        es = eng.es
+        t.join_token += 1  # cancels a pending KV-transfer join
+        if t in eng.members:
+            produced = eng.leave(self.now, t, t.outputs[t.ts.turns_done] - t.turn_progress)
+            t.turn_progress += produced
+            t.generated += produced
+            eng.rearm(self.now)
+        es.running.discard(t.tid)
+        if t.tid in es.queue:
+            es.queue.remove(t.tid)
+        eng.env_lru.pop(t, None)
+        eng.release(t)
+
+    def _move_out(self, t: SimTraj, eng: EngineSim) -> None:
+        """Migrate ``t`` off engine ``eng`` to the least-loaded other engine."""
+        ts = t.ts
+        had_kv = t.kv_cached or t.mid_turn
+        self._detach(t, eng)
+        t.kv_cached = False
+        now = self.now
+        t.moved_at = now if had_kv else -1.0
+        ts.migrations += 1
+        dest = self.state.least_loaded()
+        if self.rec is not None:
+            self.rec.event(now, "Migrate", engine=dest, trajectory=t.tid, detail=f"from {eng.id}")
+        ts.engine = dest
+        ts.status = _QUEUED
+        if not t.in_env:  # in tool time it joins the queue when the tool call returns
+            d = self.engines[dest]
+            d.es.queue.append(t.tid)
+            self._admit(d)

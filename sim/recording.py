@@ -1,0 +1,75 @@
+"""What the simulator writes to the run record for policy events and commands.
+
+Turn-level activity is not recorded per event (it would be millions of rows at seed
+scale); the record gets the events and commands policies exchange, the rarer
+simulator-side happenings (evictions, migrations, switches, syncs) and, through
+:class:`~rlsched.sim.gpus.GpuStates`, per-GPU state intervals. The recorder buffers rows
+in columns and writes them in row groups.
+"""
+
+from __future__ import annotations
+
+from rlsched.cluster.commands import Command, Dispatch, Reassign, Train, TrainMicroBatch
+from rlsched.cluster.events import (
+    EngineIdle,
+    Event,
+    MicroBatchFinished,
+    RolesChanged,
+    TimerFired,
+    TrainStepFinished,
+    TrajectoryFinished,
+    WeightsSynced,
+)
+
+from .core import DriverCore
+
+
+def ids_text(xs: tuple[int, ...] | list[int]) -> str:
+    """GPU or engine ids as short text: ``"4-7"`` for a range, else ``"1,5,9"``."""
+    xs = sorted(xs)
+    if not xs:
+        return ""
+    if xs == list(range(xs[0], xs[-1] + 1)):
+        return f"{xs[0]}-{xs[-1]}" if len(xs) > 1 else str(xs[0])
+    return ",".join(map(str, xs))
+
+
+class Recording(DriverCore):
+    """Methods of :class:`~rlsched.sim.driver.SimDriver` that write policy traffic."""
+
+    def _record_event(self, ev: Event) -> None:
+        if self.rec is None:
+            return
+        now = self.now
+        match ev:
+            case TrajectoryFinished(trajectory=t, status=s, engine=e):
+                self.rec.event(now, "TrajectoryFinished", step=self.state.trajs[t].step,
+                               engine=e, trajectory=t, detail=s.value)
+            case TrainStepFinished(version=v):
+                self.rec.event(now, "TrainStepFinished", version=v, step=v - 1)
+            case WeightsSynced(engines=es, version=v):
+                self.rec.event(now, "WeightsSynced", version=v, detail=ids_text(es))
+            case RolesChanged(gpus=g, role=r):
+                self.rec.event(now, "RolesChanged", detail=f"{r.value} {ids_text(g)}")
+            case EngineIdle(engine=e):
+                self.rec.event(now, "EngineIdle", engine=e)
+            case TimerFired(tag=tag):
+                self.rec.event(now, "TimerFired", detail=tag)
+            case MicroBatchFinished(trajectories=ts):
+                self.rec.event(now, "MicroBatchFinished", version=self.state.version, detail=str(len(ts)))
+            case _:
+                self.rec.event(now, type(ev).__name__)
+
+    def _record_command(self, cmd: Command) -> None:
+        if self.rec is None:
+            return
+        now = self.now
+        match cmd:
+            case Dispatch(trajectories=ts, engine=e):
+                self.rec.event(now, "Dispatch", engine=-1 if e is None else e, detail=str(len(ts)))
+            case Reassign(gpus=g, role=r, drain=d):
+                self.rec.event(now, "Reassign", detail=f"{r.value} {d.value} {ids_text(g)}")
+            case TrainMicroBatch(trajectories=ts) | Train(trajectories=ts):
+                self.rec.event(now, type(cmd).__name__, version=self.state.version, detail=str(len(ts)))
+            case _:
+                self.rec.event(now, type(cmd).__name__)

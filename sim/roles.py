@@ -1,0 +1,184 @@
+"""Roles and engines in the simulator: reassigning GPUs (draining engines first), role
+switches, opening engines, least-loaded routing and per-engine GPU state.
+
+An engine's GPU state (generate / tool wait / idle / sync) is recomputed after every
+change to the engine, which is several times per simulated turn; it is written to the run
+record only when it actually changes, so the common case is one comparison.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from rlsched.cluster.events import EngineIdle, RolesChanged
+from rlsched.cluster.ids import Drain, GpuState, Role
+from rlsched.cluster.state import EngineState
+
+from .core import DriverCore, SimTraj
+from .engine import EngineSim
+from .recording import ids_text
+
+_SYNC = GpuState.SYNC
+_GENERATE = GpuState.GENERATE
+_TOOL_WAIT = GpuState.TOOL_WAIT
+_ROLLOUT_IDLE = GpuState.ROLLOUT_IDLE
+
+
+class Roles(DriverCore):
+    """Methods of :class:`~rlsched.sim.driver.SimDriver` that change what GPUs do."""
+
+    # ------------------------------------------------------------- routing
+    def _dispatch_all(self, tids: tuple[str, ...], e: int | None) -> None:
+        """``Dispatch``: to engine ``e``, or each to the least-loaded engine at the time.
+
+        Least-loaded is (running + queued, engine id), as ``ClusterState.least_loaded``;
+        during one Dispatch only the engine just dispatched to changes load, so a heap of
+        (load, id) gives the same choices in O(log engines) each.
+        """
+        trajs = self.trajs
+        if e is not None:
+            eng = self.engines[e]
+            for tid in tids:
+                self._dispatch(trajs[tid], eng)
+            return
+        if not tids:
+            return
+        heap = [(len(es.running) + len(es.queue), es.id)
+                for es in self.state.engines_.values() if not es.draining]
+        if not heap:
+            self.state.least_loaded()  # raises the PolicyError for "no rollout engine"
+        heapq.heapify(heap)
+        engines = self.engines
+        for tid in tids:
+            eng = engines[heap[0][1]]
+            self._dispatch(trajs[tid], eng)
+            es = eng.es
+            heapq.heapreplace(heap, (len(es.running) + len(es.queue), eng.id))
+
+    # -------------------------------------------------------------- roles
+    def _reassign(self, gpus: tuple[int, ...], role: Role, drain: Drain) -> None:
+        self._group_seq += 1
+        gid = self._group_seq
+        self._switch_groups[gid] = [len(gpus), gpus, role]
+        st = self.state
+        by_engine: dict[int, list[int]] = {}
+        for g in gpus:
+            if st.roles[g] is Role.ROLLOUT:
+                by_engine.setdefault(st.engine_of(g), []).append(g)
+            elif st.roles[g] is Role.TRAIN and self.trainer.running is not None:
+                self.trainer.leaving[g] = (gid, role)
+            else:
+                self._start_switch((g,), gid, role)
+        for e in sorted(by_engine):
+            self._drain_engine(self.engines[e], gid, role, drain)
+
+    def _drain_engine(self, eng: EngineSim, gid: int, role: Role, drain: Drain) -> None:
+        es = eng.es
+        es.draining = True
+        self._engine_switch[eng.id] = (gid, role)
+        others = [x for x in self.state.engines_.values() if not x.draining]
+        if drain is not Drain.INTERRUPT and not others and (es.running or es.queue):
+            drain = Drain.INTERRUPT  # nowhere to migrate to: keep progress, stop here
+        trajs = self.trajs
+        for tid in list(es.queue) + sorted(es.running):
+            t: SimTraj = trajs[tid]
+            if drain is Drain.INTERRUPT:
+                self._interrupt(t, keep=True)
+            elif drain is Drain.MIGRATE or tid in es.queue or t.in_env:
+                self._move_out(t, eng)
+        self._maybe_close_engine(eng)
+
+    def _maybe_close_engine(self, eng: EngineSim) -> None:
+        es = eng.es
+        if eng.closed or not es.draining or es.running or es.queue:
+            return
+        gid, role = self._engine_switch.pop(eng.id)
+        del self.engines[eng.id]
+        eng.closed = True
+        self.gpus.release(eng)
+        eng.wake_at = float("inf")
+        del self.state.engines_[eng.id]
+        self._start_switch(es.gpus, gid, role)
+
+    def _start_switch(self, gpus: tuple[int, ...], gid: int, role: Role) -> None:
+        st = self.state
+        now = self.now
+        for g in gpus:
+            if st.roles[g] is Role.TRAIN:
+                self.trainer.gpus.remove(g)
+            st.roles[g] = Role.SWITCHING
+        self.gpus.set(gpus, GpuState.SWITCH, now)
+        if self.rec is not None:
+            self.rec.event(now, "SwitchStart", detail=f"{role.value} {ids_text(gpus)}")
+        self._later(self.cost.switch_s, self._end_switch, gpus, (gid, role))
+
+    def _end_switch(self, gpus: tuple[int, ...], group: tuple[int, Role]) -> None:
+        gid, role = group
+        st = self.state
+        now = self.now
+        for g in gpus:
+            st.roles[g] = role
+        if role is Role.ROLLOUT:
+            for e in sorted({st.engine_of(g) for g in gpus}):
+                self._open_engine(e)
+        elif role is Role.TRAIN:
+            self.trainer.gpus.extend(gpus)
+            self.trainer.gpus.sort()
+            self.gpus.set(gpus, GpuState.TRAIN_IDLE, now)
+        else:
+            self.gpus.set(gpus, GpuState.IDLE, now)
+        if self.rec is not None:
+            self.rec.event(now, "SwitchEnd", detail=f"{role.value} {ids_text(gpus)}")
+        grp = self._switch_groups[gid]
+        grp[0] -= len(gpus)
+        if grp[0] == 0:
+            del self._switch_groups[gid]
+            self._emit(RolesChanged(tuple(grp[1]), grp[2]))
+        if role is Role.TRAIN:
+            self._trainer_next()
+
+    def _open_engine(self, e: int) -> None:
+        old = self.engines.get(e)
+        if old is not None:  # reopened (once per GPU of it whose switch ends): replaced
+            old.closed = True
+        gpus = self.state.engine_gpus(e)
+        v = self.state.version
+        es = EngineState(e, gpus, v, self.kv_capacity)
+        self.state.engines_[e] = es
+        eng = EngineSim(e, gpus[0], self.cfg.tp, self.cost, self.kv_capacity, version=v, es=es)
+        eng.updated = eng.stall_end = self.now
+        eng.queue, eng.eid, eng.wake_callbacks = self._queue, self._eid, self._wake_callbacks
+        # An engine opens once per GPU of it whose switch ends (all at one instant); it
+        # reports EngineIdle only if its GPUs were not already idle rollout.
+        eng.gstate = GpuState(self.gpus.state_of(gpus[0]))
+        self.engines[e] = eng
+        self._engine_touch(eng)
+
+    # ---------------------------------------------------------- GPU state
+    def _engine_touch(self, eng: EngineSim) -> None:
+        """Recompute the engine's GPU state after a change; report an idle engine."""
+        if eng.closed:
+            return
+        es = eng.es
+        now = self.now
+        if eng.sync_end > now:
+            state = _SYNC
+        elif eng.members or eng.stall_end > now:
+            state = _GENERATE
+        elif es.running:
+            state = _TOOL_WAIT
+        else:
+            state = _ROLLOUT_IDLE
+        prev = eng.gstate
+        if state is not prev:
+            if eng.owns:
+                self.gpus.close_range(eng.first_gpu, eng.tp, prev, eng.gsince, now)
+            else:  # first write (its GPUs may still differ): the general path, then own them
+                self.gpus.set(range(eng.first_gpu, eng.first_gpu + eng.tp), state, now)
+                self.gpus.claim(eng)
+            eng.gstate = state
+            eng.gsince = now
+        if es.draining:
+            self._maybe_close_engine(eng)
+        elif state is _ROLLOUT_IDLE and prev is not _ROLLOUT_IDLE and not es.queue:
+            self._emit(EngineIdle(eng.id))
