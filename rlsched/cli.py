@@ -28,9 +28,10 @@ def build_app() -> typer.Typer:
         add_completion=False,
         pretty_exceptions_enable=False,
     )
-    from rlsched import cli_import, cli_policy, cli_report, cli_run, cli_trace
+    from rlsched import cli_import, cli_plan, cli_policy, cli_report, cli_run, cli_trace
 
     cli_run.register(app)
+    cli_plan.register(app)
     app.add_typer(cli_policy.policy_app, name="policy")
     cli_import.register(cli_trace.trace_app)
     app.add_typer(cli_trace.trace_app, name="trace")

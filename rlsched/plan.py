@@ -1,0 +1,420 @@
+"""``rlsched plan``: which policy configuration to run on this trace and cluster, and how
+sure to be of it.
+
+Four phases, all on the simulator:
+
+1. **search** (:mod:`rlsched.plan_search`): Optuna TPE over every registered policy's
+   declared parameters (:mod:`rlsched.plan_space`), successive halving on step prefixes,
+   objective steps/hour at equal trained tokens within the staleness bound;
+2. **robustness**: the best few distinct configurations replayed on bootstrap resamples of
+   the trace's tasks; the mean winner is *flagged* when its worst resample falls more than
+   ``flag_pct`` below the runner-up's mean, and then the runner-up is recommended;
+3. **sensitivity**: the best configuration of each arm replayed at half and twice the GPUs
+   and with the 5% longest trajectories removed or doubled -- does the choice change?
+4. **output**: ``ranking.csv``, ``trials.csv``, ``robustness.csv``, ``sensitivity.csv``,
+   ``recommended.toml`` (a config ``compare``/``run`` accept as is), ``plan.json`` (the
+   search's cost) and, when the analysis package's report writer is installed, run
+   records and ``report.html`` for the top candidates.
+
+The budget covers all phases: the search stops early enough to leave time for the fixed
+number of simulations the later phases need (estimated from colocated's own run time).
+Output is written to a temporary sibling of ``--out`` and renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rlsched.cluster.config import RunConfig
+from rlsched.cluster.errors import ConfigError
+from rlsched.compare import prepare_out_dir, publish, run_dir_name
+from rlsched.plan_eval import BASE, CachedRunner, Evaluation, Job, PlanSetup, Scenario, make_runner
+from rlsched.plan_output import (
+    check_config_text,
+    params_text,
+    ranking_frame,
+    recommended_toml,
+)
+from rlsched.plan_search import BASELINE, SearchResult, judge, search
+from rlsched.plan_space import build_arms
+from rlsched.sim.cost import CostModel
+
+PlanProgress = Callable[[str, float, float, str], None]  # (phase, done, total, note)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    trace_path: Path
+    trace: pd.DataFrame  # the canonical trace read from trace_path
+    run: RunConfig
+    cost: CostModel
+    live: dict[str, Any] = field(default_factory=dict)
+    max_staleness: int = 1
+    budget_minutes: float = 2.0
+    max_trials: int | None = None
+    seed: int = 0
+    workers: int = 2
+    ray: str | None = None
+    policies: tuple[str, ...] | None = None
+    resamples: int = 8
+    top: int = 3
+    flag_pct: float = 5.0
+    sensitivity: bool = True
+    report: bool = True
+
+
+@dataclass
+class PlanResult:
+    ranking: pd.DataFrame
+    robustness: pd.DataFrame
+    sensitivity: pd.DataFrame
+    recommended: str
+    notes: list[str]
+    search: SearchResult
+    simulations: int
+    wall_seconds: float
+    out: Path
+    report: Path | None = None
+
+
+def resolve_run(run: RunConfig, df: pd.DataFrame) -> RunConfig:
+    """Pin ``tasks_per_step`` to what ``draw_batches`` would use, so the recommended config
+    replays exactly the tasks that were planned on."""
+    if run.tasks_per_step is not None or "step" in df.columns:
+        return run
+    tasks = int(df["task_id"].nunique())
+    return replace(run, tasks_per_step=max(1, tasks // run.steps))
+
+
+def _check(req: PlanRequest) -> None:
+    if not req.budget_minutes > 0 or not math.isfinite(req.budget_minutes):
+        raise ConfigError(f"--budget-minutes={req.budget_minutes}: expected a number > 0")
+    if req.max_trials is not None and req.max_trials < 1:
+        raise ConfigError(f"--trials={req.max_trials}: expected an integer >= 1")
+    for name in ("resamples", "top"):
+        if getattr(req, name) < 1:
+            raise ConfigError(f"--{name}={getattr(req, name)}: expected an integer >= 1")
+    if not 0 <= req.flag_pct < 100:
+        raise ConfigError(f"--flag-pct={req.flag_pct}: expected a percentage in [0, 100)")
+
+
+def _distinct_best(specs: list[tuple[str, Evaluation]], n: int) -> list[str]:
+    """The first ``n`` specs whose outcomes differ (rounding often makes two specs run the
+    same schedule: a rollout share of 0.50 or 0.52 is the same number of engines)."""
+    out, seen = [], set()
+    for spec, ev in specs:
+        key = (round(ev.makespan, 6), ev.trained_tokens)
+        if key not in seen:
+            seen.add(key)
+            out.append(spec)
+        if len(out) == n:
+            break
+    return out
+
+
+def _feasible_sorted(res: SearchResult, max_staleness: int, steps: int) -> list[tuple[str, Evaluation]]:
+    base = res.baselines[steps]
+    ok = [(s, ev) for s, ev in res.full.items() if judge(ev, base, max_staleness).feasible]
+    return sorted(ok, key=lambda x: (-x[1].steps_per_hour, x[0]))
+
+
+def _robustness(req: PlanRequest, runner: CachedRunner, cands: list[str], steps: int,
+                progress: PlanProgress | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    scenarios = [Scenario(f"boot-{i}", "bootstrap", seed=req.seed * 1000 + i)
+                 for i in range(req.resamples)]
+    specs = list(dict.fromkeys([*cands, BASELINE]))
+    jobs = [Job(sc, s, steps) for sc in scenarios for s in specs]
+    done = [0]
+
+    def tick(_: Evaluation) -> None:
+        done[0] += 1
+        if progress:
+            progress("robustness", done[0], len(jobs), "")
+
+    evals = {(ev.job.scenario.name, ev.job.spec): ev for ev in runner.map(jobs, tick)}
+    rows = []
+    for sc in scenarios:
+        base = evals[(sc.name, BASELINE)]
+        for s in specs:
+            ev = evals[(sc.name, s)]
+            v = judge(ev, base, req.max_staleness)
+            rows.append({"policy": s, "resample": sc.name, "seed": sc.seed,
+                         "steps_per_hour": ev.steps_per_hour, "feasible": v.feasible,
+                         "note": v.reason})
+    detail = pd.DataFrame(rows)
+    stats = []
+    for s in specs:
+        x = detail.loc[detail["policy"] == s, "steps_per_hour"].to_numpy(dtype=float)
+        stats.append({"policy": s, "sph_mean": float(x.mean()),
+                      "sph_std": float(x.std(ddof=1)) if len(x) > 1 else 0.0,
+                      "sph_min": float(x.min()), "resamples": len(x),
+                      "infeasible": int((~detail.loc[detail["policy"] == s, "feasible"]).sum())})
+    return pd.DataFrame(stats).set_index("policy"), detail
+
+
+def _choose(stats: pd.DataFrame, cands: list[str], flag_pct: float) -> tuple[str, dict[str, str], list[str]]:
+    """Order candidates by bootstrap mean; flag a mean winner that loses badly somewhere."""
+    order = sorted(cands, key=lambda s: (-stats.loc[s, "sph_mean"], s))
+    flags: dict[str, str] = {}
+    notes: list[str] = []
+    for s in order:
+        if stats.loc[s, "infeasible"]:
+            flags[s] = f"rejected on {int(stats.loc[s, 'infeasible'])} resample(s)"
+    winner = order[0]
+    if len(order) > 1:
+        runner_up = order[1]
+        floor = stats.loc[runner_up, "sph_mean"] * (1 - flag_pct / 100)
+        if stats.loc[winner, "sph_min"] < floor:
+            flags[winner] = (f"worst resample {stats.loc[winner, 'sph_min']:.3f} steps/h is more than "
+                             f"{flag_pct:g}% below the runner-up's mean "
+                             f"{stats.loc[runner_up, 'sph_mean']:.3f}")
+    pick = next((s for s in order if s not in flags), order[0])
+    if pick != winner:
+        notes.append(f"{winner} has the best mean but is flagged ({flags[winner]}); recommending {pick}")
+    return pick, flags, notes
+
+
+def _sensitivity(req: PlanRequest, runner: CachedRunner, res: SearchResult, setup: PlanSetup,
+                 recommended: str, progress: PlanProgress | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    run = setup.run
+    feasible = _feasible_sorted(res, req.max_staleness, run.steps)
+    cands: list[str] = []
+    for arm in dict.fromkeys(res.arm_of[s] for s, _ in feasible):
+        # the recommended arm's two best settings (do its parameters move?), one of the others
+        n = 2 if arm == res.arm_of[recommended] else 1
+        cands += _distinct_best([(s, ev) for s, ev in feasible if res.arm_of[s] == arm], n)
+    cands = list(dict.fromkeys([recommended, *cands, BASELINE]))
+    pct = f"{setup.tail_fraction:.0%}"
+    scenarios: list[tuple[Scenario, str]] = []
+    for factor, label in ((0.5, "0.5x GPUs"), (2.0, "2x GPUs")):
+        gpus = int(run.gpus * factor)
+        try:
+            replace(run, gpus=gpus)
+        except ConfigError as err:
+            scenarios.append((Scenario(f"gpus-{gpus}", "skip", gpus), f"{label}: skipped ({err})"))
+            continue
+        scenarios.append((Scenario(f"gpus-{gpus}", "base", gpus), label))
+    scenarios.append((Scenario("tail-cut", "tail-cut"), f"{pct} longest trajectories removed"))
+    scenarios.append((Scenario("tail-x2", "tail-x2"), f"{pct} longest trajectories doubled"))
+    live = [sc for sc, _ in scenarios if sc.kind != "skip"]
+    jobs = [Job(sc, s, run.steps) for sc in live for s in cands]
+    done = [0]
+
+    def tick(_: Evaluation) -> None:
+        done[0] += 1
+        if progress:
+            progress("sensitivity", done[0], len(jobs), "")
+
+    evals = {(ev.job.scenario.name, ev.job.spec): ev for ev in runner.map(jobs, tick)}
+    rows, detail = [], []
+    for sc, label in scenarios:
+        if sc.kind == "skip":
+            rows.append({"scenario": label, "gpus": sc.gpus, "best": "", "change": "skipped"})
+            continue
+        base = evals[(sc.name, BASELINE)]
+        ranked = []
+        for s in cands:
+            ev = evals[(sc.name, s)]
+            v = judge(ev, base, req.max_staleness)
+            detail.append({"scenario": label, "gpus": ev.gpus, "policy": s,
+                           "steps_per_hour": ev.steps_per_hour, "feasible": v.feasible,
+                           "note": v.reason})
+            if v.feasible:
+                ranked.append((ev.steps_per_hour, s))
+        ranked.sort(key=lambda x: (-x[0], x[1]))
+        order = [s for _, s in ranked]
+        best = order[0] if order else ""
+        change = ("none" if best == recommended else
+                  "parameters" if best and res.arm_of.get(best) == res.arm_of.get(recommended) else
+                  "policy")
+        rows.append({
+            "scenario": label, "gpus": evals[(sc.name, BASELINE)].gpus, "best": best,
+            "best_steps_per_hour": ranked[0][0] if ranked else math.nan,
+            "recommended_steps_per_hour": evals[(sc.name, recommended)].steps_per_hour,
+            "recommended_rank": order.index(recommended) + 1 if recommended in order else math.nan,
+            "colocated_steps_per_hour": base.steps_per_hour,
+            "candidates": len(cands), "change": change,
+        })
+    return pd.DataFrame(rows), pd.DataFrame(detail)
+
+
+def _ranking(req: PlanRequest, res: SearchResult, steps: int, stats: pd.DataFrame,
+             flags: dict[str, str], recommended: str) -> pd.DataFrame:
+    base = res.baselines[steps]
+    rows = []
+    for spec, ev in res.full.items():
+        v = judge(ev, base, req.max_staleness)
+        st = stats.loc[spec] if spec in stats.index else None
+        rows.append({
+            "policy": spec, "arm": res.arm_of[spec], "params": params_text(res.params[spec]),
+            "steps_per_hour": ev.steps_per_hour,
+            "sph_mean": st["sph_mean"] if st is not None else math.nan,
+            "sph_std": st["sph_std"] if st is not None else math.nan,
+            "sph_min": st["sph_min"] if st is not None else math.nan,
+            "resamples": int(st["resamples"]) if st is not None else 0,
+            "utilization": ev.utilization, "max_staleness": ev.max_staleness,
+            "gap_to_bound_pct": ev.gap_to_bound_pct, "trained_tokens": ev.trained_tokens,
+            "tokens_vs_colocated": ev.trained_tokens / base.trained_tokens if base.trained_tokens else math.nan,
+            "sim_seconds": ev.makespan, "lower_bound_seconds": ev.lower_bound,
+            "feasible": v.feasible, "note": v.reason, "flagged": flags.get(spec, ""),
+            "recommended": spec == recommended,
+        })
+    return ranking_frame(rows)
+
+
+def _post_simulations(req: PlanRequest, arms: int) -> tuple[int, int]:
+    """Simulations the later phases will run: (parallel ones, ones in this process)."""
+    parallel = (req.top + 1) * req.resamples + (4 * (arms + 3) if req.sensitivity else 0)
+    return parallel, (req.top + 1 if req.report else 0)
+
+
+def _deadline(req: PlanRequest, t0: float, runner: CachedRunner, steps: int, arms: int) -> float:
+    """When the search must stop so the later phases fit in the budget: their simulation
+    count times the cost per simulated step measured so far (1.5x for the heavier
+    sensitivity scenarios), plus the report's plots."""
+    per_sim = 1.5 * runner.seconds_per_step() * steps
+    parallel, local = _post_simulations(req, arms)
+    reserve = per_sim * (parallel / max(1, runner.workers) + local)
+    if req.report:
+        reserve += 3.0 * (req.top + 1) + 5.0
+    return t0 + 60.0 * req.budget_minutes - reserve
+
+
+def _write_report(req: PlanRequest, setup: PlanSetup, specs: list[str], tmp: Path) -> Path | None:
+    try:
+        from rlsched.analysis.report import write_report
+    except ImportError:
+        return None
+    from rlsched.plan_eval import _context
+    from rlsched.policies import canonical_spec, make_policy
+    from rlsched.sim.run import simulate
+
+    workload, batches, run = _context(setup, BASE)
+    dirs = []
+    for i, spec in enumerate(specs):
+        policy = make_policy(spec)
+        rd = tmp / "runs" / run_dir_name(spec, i)
+        simulate(workload, batches, policy, run, setup.cost, out_dir=rd, spec=canonical_spec(policy),
+                 meta={"trace": str(req.trace_path), "spec_as_given": spec})
+        dirs.append(rd)
+    return write_report(dirs, tmp, title=f"rlsched plan: {req.trace_path.name}, {run.gpus} GPUs")
+
+
+def plan(req: PlanRequest, out: Path, *, force: bool = False,
+         progress: PlanProgress | None = None) -> PlanResult:
+    """Run all phases and write ``out``; see the module docstring."""
+    t0 = time.monotonic()
+    _check(req)
+    run = resolve_run(req.run, req.trace)
+    arms = build_arms(req.policies, req.max_staleness, run.gpus // run.tp)
+    setup = PlanSetup(req.trace, run, req.cost)
+    tmp = prepare_out_dir(out, force)
+    runner: CachedRunner | None = None
+    try:
+        runner = make_runner(setup, req.workers, req.ray)
+        if progress:
+            progress("search", 0, 1, "colocated baseline")
+        runner.map([Job(BASE, BASELINE, run.steps)])
+
+        def deadline() -> float:
+            return _deadline(req, t0, runner, run.steps, len(arms))
+
+        budget_s = max(1.0, deadline() - time.monotonic())
+
+        def on_search(n: int, elapsed: float, best: str) -> None:
+            if progress:
+                progress("search", min(elapsed, budget_s), budget_s, f"{n} trials, best {best}")
+
+        res = search(arms, runner, run.steps, max_staleness=req.max_staleness, seed=req.seed,
+                     deadline=deadline, max_trials=req.max_trials, min_trials=len(arms),
+                     progress=on_search)
+        phases = {"search": time.monotonic() - t0}
+        if progress:
+            progress("search", budget_s, budget_s, f"{len(res.trials)} trials")
+        feasible = _feasible_sorted(res, req.max_staleness, run.steps)
+        cands = _distinct_best(feasible, req.top)
+        mark = time.monotonic()
+        stats, boot = _robustness(req, runner, cands, run.steps, progress)
+        recommended, flags, notes = _choose(stats, cands, req.flag_pct)
+        phases["robustness"], mark = time.monotonic() - mark, time.monotonic()
+        if req.sensitivity:
+            sens, sens_detail = _sensitivity(req, runner, res, setup, recommended, progress)
+        else:
+            sens, sens_detail = pd.DataFrame(), pd.DataFrame()
+        phases["sensitivity"], mark = time.monotonic() - mark, time.monotonic()
+        ranking = _ranking(req, res, run.steps, stats, flags, recommended)
+
+        ranking.to_csv(tmp / "ranking.csv", index=False)
+        boot.to_csv(tmp / "robustness.csv", index=False)
+        sens.to_csv(tmp / "sensitivity.csv", index=False)
+        sens_detail.to_csv(tmp / "sensitivity_detail.csv", index=False)
+        pd.DataFrame([{**t.__dict__, "params": params_text(t.params)} for t in res.trials]).to_csv(
+            tmp / "trials.csv", index=False)
+        counts = res.counts
+        text = recommended_toml(
+            trace=req.trace_path.absolute(), run=run, cost=req.cost, live=req.live,
+            specs=list(dict.fromkeys([recommended, BASELINE])),
+            header=[
+                f"Recommended by `rlsched plan` (seed {req.seed}, {len(res.trials)} trials, "
+                f"max staleness {req.max_staleness}).",
+                "Compare it with colocated:  rlsched compare --config recommended.toml --out DIR",
+                f"Run it live:  rlsched run --config recommended.toml --policy '{recommended}' --live --out DIR",
+            ],
+        )
+        check_config_text(text, str(out / "recommended.toml"))
+        (tmp / "recommended.toml").write_text(text)
+        report = None
+        if req.report:
+            if progress:
+                progress("report", 0, 1, "")
+            order = list(dict.fromkeys([recommended, *cands, BASELINE]))
+            written = _write_report(req, setup, order, tmp)
+            report = out / written.name if written is not None else None
+            if written is None:
+                notes.append("analysis report writer not installed: no report.html")
+            if progress:
+                progress("report", 1, 1, "")
+        phases["report"] = time.monotonic() - mark
+        wall = time.monotonic() - t0
+        over = wall - 60.0 * req.budget_minutes
+        if over > 0:
+            notes.append(f"took {over:.0f}s more than the {req.budget_minutes:g}-minute budget "
+                         f"(simulations ran at {runner.seconds_per_step():.2f}s per step)")
+        meta = {
+            "trace": str(req.trace_path), "gpus": run.gpus, "tp": run.tp, "steps": run.steps,
+            "tasks_per_step": run.tasks_per_step, "seed": req.seed,
+            "max_staleness": req.max_staleness, "budget_minutes": req.budget_minutes,
+            "max_trials": req.max_trials, "arms": [a.key for a in arms],
+            "trials": len(res.trials), **{f"trials_{k}": v for k, v in counts.items()},
+            "stopped_by": res.stopped_by, "search_wall_seconds": res.wall_seconds,
+            "wall_seconds": wall, "phase_seconds": phases, "simulations": runner.simulations,
+            "simulated_cpu_seconds": runner.sim_seconds, "workers": runner.workers,
+            "backend": f"ray:{req.ray}" if req.ray else "local",
+            "recommended": recommended, "notes": notes,
+        }
+        (tmp / "plan.json").write_text(json.dumps(meta, indent=2, default=_json_default) + "\n")
+        publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if runner is not None:
+            runner.close()
+    return PlanResult(ranking, stats.reset_index(), sens, recommended, notes, res,
+                      runner.simulations, wall, out, report)
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, np.generic):
+        return v.item()
+    raise TypeError(f"not JSON serialisable: {type(v).__name__}")

@@ -1,0 +1,134 @@
+"""What ``rlsched plan`` writes: the ranking table and ``recommended.toml``.
+
+``recommended.toml`` is an ordinary config file (``rlsched.cluster.config`` format), so
+``rlsched compare --config`` and ``rlsched run --config ... --live`` take it unchanged; it
+is written by hand here (the standard library reads TOML but does not write it) and read
+back through :func:`parse_config` before it is published, so a file the project cannot
+load is never left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from rlsched.cluster.config import RunConfig, parse_config
+from rlsched.cluster.errors import ConfigError
+from rlsched.sim.cost import CostModel
+
+RANKING_COLUMNS = (
+    "rank", "policy", "arm", "params", "steps_per_hour", "sph_mean", "sph_std", "sph_min",
+    "resamples", "utilization", "max_staleness", "gap_to_bound_pct", "trained_tokens",
+    "tokens_vs_colocated", "sim_seconds", "lower_bound_seconds", "feasible", "note",
+    "flagged", "recommended",
+)
+
+_CLUSTER_KEYS = ("gpus", "tp")
+
+
+def cost_overrides(cost: CostModel) -> dict[str, Any]:
+    """The fields of ``cost`` that differ from the reference model (the ``[cost]`` table)."""
+    ref = CostModel()
+    return {f.name: getattr(cost, f.name) for f in fields(cost)
+            if getattr(cost, f.name) != getattr(ref, f.name)}
+
+
+def _toml_value(v: Any, where: str) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ConfigError(f"recommended.toml: {where}={v!r} is not a finite number")
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)  # a JSON string is a TOML basic string
+    if isinstance(v, Sequence):
+        return "[" + ", ".join(_toml_value(x, where) for x in v) + "]"
+    raise ConfigError(f"recommended.toml: {where}: cannot write a {type(v).__name__} value")
+
+
+def _key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
+
+def _table(name: str, items: Mapping[str, Any]) -> list[str]:
+    lines = [f"[{name}]"]
+    nested = []
+    for k, v in items.items():
+        if isinstance(v, Mapping):
+            nested.append((k, v))
+        else:
+            lines.append(f"{_key(k)} = {_toml_value(v, f'[{name}] {k}')}")
+    for k, v in nested:
+        lines += ["", *_table(f"{name}.{_key(k)}", v)]
+    return lines
+
+
+def recommended_toml(
+    *,
+    trace: Path,
+    run: RunConfig,
+    cost: CostModel,
+    live: Mapping[str, Any],
+    specs: Sequence[str],
+    header: Sequence[str],
+) -> str:
+    """The config text; ``specs[0]`` is the recommendation, the rest are for comparison."""
+    run_items = {f.name: getattr(run, f.name) for f in fields(run)}
+    run_items.pop("check")
+    lines = [f"# {h}" if h else "#" for h in header]
+    lines += [f"trace = {_toml_value(str(trace), 'trace')}", ""]
+    lines += _table("cluster", {k: run_items.pop(k) for k in _CLUSTER_KEYS})
+    lines += ["", *_table("run", {k: v for k, v in run_items.items() if v is not None})]
+    over = cost_overrides(cost)
+    if over:
+        lines += ["", *_table("cost", over)]
+    if live:
+        lines += ["", *_table("live", live)]
+    for i, spec in enumerate(specs):
+        note = "  # recommended" if i == 0 else "  # for comparison"
+        lines += ["", "[[policy]]", f"spec = {_toml_value(spec, 'spec')}{note}"]
+    return "\n".join(lines) + "\n"
+
+
+def check_config_text(text: str, source: str) -> None:
+    """Fail loudly if the project's own loader would reject the text."""
+    try:
+        parse_config(tomllib.loads(text), source=source)
+    except tomllib.TOMLDecodeError as exc:  # a bug in the writer above, not a user error
+        raise RuntimeError(f"{source}: wrote invalid TOML: {exc}") from None
+
+
+def ranking_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Feasible configurations by steps/hour, then the rejected ones; ``rank`` from 1."""
+    df = pd.DataFrame(rows)
+    for c in RANKING_COLUMNS:
+        if c not in df.columns:
+            df[c] = math.nan
+    df = df.sort_values(["feasible", "steps_per_hour", "policy"], ascending=[False, False, True],
+                        kind="mergesort").reset_index(drop=True)
+    df["rank"] = range(1, len(df) + 1)
+    first: dict[tuple[float, int], int] = {}
+    for i, row in df.iterrows():  # rounding often maps two specs onto one schedule
+        key = (round(float(row["sim_seconds"]), 6), int(row["trained_tokens"]))
+        if key in first and not row["note"]:
+            df.at[i, "note"] = f"same schedule as #{first[key]}"
+        first.setdefault(key, int(row["rank"]))
+    return df[list(RANKING_COLUMNS)]
+
+
+def params_text(params: Mapping[str, Any]) -> str:
+    def fmt(v: Any) -> str:
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    return " ".join(f"{k}={fmt(v)}" for k, v in params.items())
