@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -55,8 +56,11 @@ def _format_of(path: Path) -> str:
         return "parquet"
     if suffix in JSONL_SUFFIXES:
         return "jsonl"
-    with path.open("rb") as fh:
-        head = fh.read(64)
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(64)
+    except OSError as err:
+        raise _unreadable(path, err) from None
     if head.startswith(b"PAR1"):
         return "parquet"
     if head.lstrip()[:1] in (b"{", b"["):
@@ -65,13 +69,22 @@ def _format_of(path: Path) -> str:
                      f"neither Parquet nor JSON) — expected a .parquet or .jsonl file")
 
 
+def _unreadable(path: Path, err: OSError | ValueError) -> TraceError:
+    reason = err.strerror if isinstance(err, OSError) and err.strerror else _one_line(err)
+    return TraceError(f"{path}: cannot read the file ({reason}) — expected a readable trace "
+                      f"file (.parquet or .jsonl)")
+
+
 def _check_file(path: Path) -> None:
-    if not path.exists():
-        raise TraceError(f"{path}: no such file — expected a trace file (.parquet or .jsonl)")
-    if path.is_dir():
-        raise TraceError(f"{path}: is a directory — expected a trace file (.parquet or .jsonl)")
-    if path.stat().st_size == 0:
-        raise TraceError(f"{path}: empty file — expected a Parquet or JSONL trace")
+    try:  # exists() itself raises for a name too long or a path with a NUL byte
+        if not path.exists():
+            raise TraceError(f"{path}: no such file — expected a trace file (.parquet or .jsonl)")
+        if path.is_dir():
+            raise TraceError(f"{path}: is a directory — expected a trace file (.parquet or .jsonl)")
+        if path.stat().st_size == 0:
+            raise TraceError(f"{path}: empty file — expected a Parquet or JSONL trace")
+    except (OSError, ValueError) as err:
+        raise _unreadable(path, err) from None
 
 
 def _read_parquet(path: Path, steps: Iterable[int] | None,
@@ -99,8 +112,21 @@ def _read_parquet(path: Path, steps: Iterable[int] | None,
                          f"expected plain string, integer, float and boolean columns") from None
 
 
+def _json_limit(path: Path, where: str, err: RecursionError | ValueError) -> TraceError:
+    """The errors ``json`` raises outside JSONDecodeError: too deep, or too many digits."""
+    if isinstance(err, RecursionError):
+        what = "a JSON value nested too deeply to read"
+    else:
+        what = (f"a number too long to read (over {sys.get_int_max_str_digits()} digits)"
+                if "digits" in str(err) else f"unreadable JSON ({_one_line(err)})")
+    return TraceError(f"{path}: {where}{what} — expected one flat JSON object per turn")
+
+
 def _read_jsonl(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise _unreadable(path, err) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -114,7 +140,9 @@ def _read_jsonl(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
     records: list[dict] = []
     lines: list[int] = []
     decoder = json.JSONDecoder()
-    for number, raw in enumerate(text.splitlines(), start=1):
+    # JSON Lines ends lines with \n only (a \r before it is JSON whitespace); splitlines()
+    # would also split at U+2028, U+0085, ... which may stand raw inside a JSON string.
+    for number, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
             continue
         try:
@@ -122,6 +150,8 @@ def _read_jsonl(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
         except json.JSONDecodeError as err:
             raise TraceError(f"{path}: line {number}: {err.msg} at column {err.colno} — "
                              f"expected one JSON object per line") from None
+        except (RecursionError, ValueError) as err:
+            raise _json_limit(path, f"line {number}: ", err) from None
         if not isinstance(obj, dict):
             raise TraceError(f"{path}: line {number}: a JSON {type(obj).__name__} — expected "
                              f"one JSON object per line") from None
@@ -138,6 +168,8 @@ def _read_json_array(path: Path, text: str) -> tuple[pd.DataFrame, None]:
     except json.JSONDecodeError as err:
         raise TraceError(f"{path}: line {err.lineno}: {err.msg} at column {err.colno} — "
                          f"expected a JSON array of objects or JSON lines") from None
+    except (RecursionError, ValueError) as err:
+        raise _json_limit(path, "", err) from None
     if not obj or not all(isinstance(o, dict) for o in obj):
         raise TraceError(f"{path}: a JSON array that is empty or holds non-objects — expected "
                          f"one object per turn")

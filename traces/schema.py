@@ -14,6 +14,7 @@ line numbers so messages say ``line <n>``).
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -66,7 +67,7 @@ def _show(value: object) -> str:
     """A short, one-line rendering of a cell value for an error message."""
     if isinstance(value, str):
         text = repr(value)
-    elif value is None or (isinstance(value, float) and np.isnan(value)):
+    elif value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
         text = "missing value"
     else:
         text = repr(value.item() if isinstance(value, np.generic) else value)
@@ -82,6 +83,13 @@ def _first(mask: np.ndarray) -> int | None:
 
 def _check_columns(df: pd.DataFrame, source: str) -> None:
     present = [str(c) for c in df.columns]
+    # Parquet (Arrow) allows two columns of one name; df[name] would then be a frame.
+    dup = pd.Index(df.columns)
+    dup = dup[dup.duplicated() & dup.isin([*TRACE_COLUMNS, *OPTIONAL_COLUMNS])]
+    if len(dup):
+        name = dup[0]
+        raise TraceError(f"{source}: column {name!r} appears {present.count(str(name))} times — "
+                         f"expected each column once")
     for col in TRACE_COLUMNS:
         if col in df.columns:
             continue
@@ -96,9 +104,17 @@ def _is_null(values: pd.Series) -> np.ndarray:
     return values.isna().to_numpy(dtype=bool)
 
 
+def _plain(s: pd.Series) -> pd.Series:
+    """Categorical columns (dictionary-encoded Parquet) as plain object columns."""
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        return pd.Series(s.to_numpy(dtype=object, na_value=None), index=s.index, name=s.name,
+                         dtype=object)
+    return s
+
+
 def _ids(df: pd.DataFrame, col: str, where: _Where, *, nullable: bool) -> pd.Series:
     """A str (object) column; integers are accepted and turned into their decimal string."""
-    s = df[col]
+    s = _plain(df[col])
     null = _is_null(s)
     if not nullable and null.any():
         pos = _first(null)
@@ -114,7 +130,8 @@ def _ids(df: pd.DataFrame, col: str, where: _Where, *, nullable: bool) -> pd.Ser
                 isinstance(v, int | np.integer) and not isinstance(v, bool | np.bool_))
             ).to_numpy(dtype=bool) | null
             pos = _first(~ok)
-            raise where.fail(pos, col, s.iloc[pos], "a string id")
+            if pos is not None:
+                raise where.fail(pos, col, s.iloc[pos], "a string id")
         out = s if kinds in ("string", "empty") else s.map(
             lambda v: v if isinstance(v, str) or v is None else str(v))
     values = out.to_numpy(dtype=object, na_value=None, copy=True)
@@ -127,27 +144,45 @@ def _ids(df: pd.DataFrame, col: str, where: _Where, *, nullable: bool) -> pd.Ser
     return pd.Series(values, index=df.index, name=col, dtype=object)
 
 
+def _to_float(v: object) -> float:
+    """One cell as a float: missing is NaN, a whole number too big for a float is +-inf."""
+    if v is None or v is pd.NA:
+        return math.nan
+    try:
+        return float(v)  # type: ignore[arg-type]
+    except OverflowError:  # a JSON integer with hundreds of digits
+        return math.inf if v > 0 else -math.inf  # type: ignore[operator]
+
+
 def _numbers(df: pd.DataFrame, col: str, where: _Where) -> np.ndarray:
     """Column as float64 for checking; fails on bools, strings and other non-numbers."""
-    s = df[col]
+    s = _plain(df[col])
     if pd.api.types.is_bool_dtype(s.dtype):
         raise where.fail(0, col, s.iloc[0], "a number, not a boolean")
     if pd.api.types.is_numeric_dtype(s.dtype):
         return s.to_numpy(dtype="float64", na_value=np.nan)
     bad = s.map(lambda v: isinstance(v, bool | np.bool_) or not (
-        v is None or isinstance(v, int | float | np.integer | np.floating))).to_numpy(dtype=bool)
+        v is None or v is pd.NA or isinstance(v, int | float | np.integer | np.floating))
+    ).to_numpy(dtype=bool)
     if bad.any():
         pos = _first(bad)
         raise where.fail(pos, col, s.iloc[pos], "a number")
-    return pd.to_numeric(s).to_numpy(dtype="float64", na_value=np.nan)
+    return np.fromiter((_to_float(v) for v in s), dtype="float64", count=len(s))
 
 
 def _int_column(df: pd.DataFrame, col: str, where: _Where, *, nullable: bool,
                 minimum: int | None) -> pd.Series:
-    s = df[col]
+    s = _plain(df[col])
     if pd.api.types.is_integer_dtype(s.dtype) and not pd.api.types.is_bool_dtype(s.dtype):
         null = _is_null(s)
-        vals = s.to_numpy(dtype="float64", na_value=np.nan) if null.any() else None
+        # The same bound as for floats below; uint64 is compared unsigned (no wrap-around).
+        if pd.api.types.is_unsigned_integer_dtype(s.dtype):
+            big = s.to_numpy(dtype="uint64", na_value=0) > 2**62
+        else:
+            big = np.abs(s.to_numpy(dtype="int64", na_value=0)) > 2**62
+        if big.any():
+            pos = _first(big)
+            raise where.fail(pos, col, s.iloc[pos], "a whole number below 2**62")
         ints = s.to_numpy(dtype="int64", na_value=0)
     else:
         vals = _numbers(df, col, where)
@@ -155,7 +190,10 @@ def _int_column(df: pd.DataFrame, col: str, where: _Where, *, nullable: bool,
         bad = ~null & (~np.isfinite(vals) | (vals != np.round(vals)))
         if bad.any():
             pos = _first(bad)
-            raise where.fail(pos, col, s.iloc[pos], "a whole number")
+            value = s.iloc[pos]
+            whole = isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+            raise where.fail(pos, col, value,
+                             "a whole number below 2**62" if whole else "a whole number")
         big = ~null & (np.abs(vals) > 2.0**62)
         if big.any():
             pos = _first(big)
@@ -188,18 +226,28 @@ def _float_column(df: pd.DataFrame, col: str, where: _Where, *, allow_nan: bool)
     return pd.Series(vals, index=df.index, name=col)
 
 
+def _as_bool(v: object) -> bool | str | None:
+    """One ``truncated`` cell: True/False, None when missing, ``"bad"`` otherwise."""
+    if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)):
+        return None
+    if isinstance(v, bool | np.bool_):
+        return bool(v)
+    if isinstance(v, int | float | np.integer | np.floating) and v in (0, 1):
+        return bool(v)
+    return "bad"  # strings, other numbers, arrays (a Parquet list column), ...
+
+
 def _bool_column(df: pd.DataFrame, col: str, where: _Where) -> pd.Series:
     """``truncated``: true/false (or 1/0); a missing value means False."""
-    s = df[col]
+    s = _plain(df[col])
     if pd.api.types.is_bool_dtype(s.dtype) and not _is_null(s).any():
         return s.astype(bool)
-    vals = s.map(lambda v: None if v is None or (isinstance(v, float) and np.isnan(v))
-                 else (bool(v) if isinstance(v, bool | np.bool_) or v in (0, 1) else "bad"))
-    bad = (vals == "bad").to_numpy(dtype=bool)
+    vals = [_as_bool(v) for v in s.to_numpy(dtype=object)]
+    bad = np.fromiter((v == "bad" for v in vals), dtype=bool, count=len(vals))
     if bad.any():
         pos = _first(bad)
         raise where.fail(pos, col, s.iloc[pos], "true or false")
-    return vals.fillna(False).astype(bool)
+    return pd.Series([v is True for v in vals], index=s.index, name=col, dtype=bool)
 
 
 def validate_trace(df: pd.DataFrame, source: str, *,

@@ -76,7 +76,7 @@ def check_structure(df: pd.DataFrame, where: _Where) -> np.ndarray:
         if col in df.columns:
             _check_constant(df, col, traj, first_row, where,
                             "{ref!r}, the same on every row of trajectory {tid!r}")
-    if "parent_trajectory_id" in df.columns:
+    if "parent_trajectory_id" in df.columns or "branch_turn" in df.columns:
         _check_branching(df, traj, traj_names, first_row, counts, start, order, where)
     return order
 
@@ -103,9 +103,15 @@ def _first_true(mask: np.ndarray) -> int | None:
 def _check_branching(df: pd.DataFrame, traj: np.ndarray, traj_names: pd.Index,
                      first_row: np.ndarray, counts: np.ndarray, start: np.ndarray,
                      order: np.ndarray, where: _Where) -> None:
-    """Parents exist, are in the same task, branch turns fit, shared turns match, no cycles."""
-    parent_col = df["parent_trajectory_id"]
-    parent_of = parent_col.to_numpy(dtype=object)[first_row]  # per trajectory
+    """Parents exist, are in the same task, branch turns fit, shared turns match, no cycles.
+
+    A ``branch_turn`` column without a ``parent_trajectory_id`` column is checked as if
+    every parent were missing: a branch point needs something to branch from.
+    """
+    if "parent_trajectory_id" in df.columns:
+        parent_of = df["parent_trajectory_id"].to_numpy(dtype=object)[first_row]
+    else:
+        parent_of = np.full(len(first_row), None, dtype=object)
     has_parent = pd.notna(parent_of)
     parent = np.full(len(first_row), -1, dtype=np.int64)
     if has_parent.any():
@@ -171,10 +177,12 @@ def _check_cycles(parent: np.ndarray, first_row: np.ndarray, names: pd.Index,
             chain.append(str(names[cur]))
             cur = int(parent[cur])
         chain.append(str(names[cur]))
+        # An id with a line break (\n, \x1e, U+2028, ...) is shown escaped: one line.
+        shown = " -> ".join(c if c.isprintable() else repr(c) for c in chain)
         row = int(first_row[t])
         raise where.fail(row, "parent_trajectory_id", str(names[parent[t]]),
                          f"a parent chain that ends at a trajectory without a parent "
-                         f"(branching cycle: {' -> '.join(chain)})")
+                         f"(branching cycle: {shown})")
 
 
 def _check_shared_turns(df: pd.DataFrame, traj: np.ndarray, parent: np.ndarray,
