@@ -60,6 +60,7 @@ def lower_bound(
     best_step = cost.decode_step_s(tp, bmax, 0.0)
     gpu_work = tp * (prefill + o * best_step / bmax)
     cs_solo = np.concatenate([[0.0], np.cumsum(solo)])
+    cs_env = np.concatenate([[0.0], np.cumsum(workload.env)])
     cs_work = np.concatenate([[0.0], np.cumsum(gpu_work)])
     cs_tok = np.concatenate([[0.0], cum])
     del n_rows
@@ -82,10 +83,13 @@ def lower_bound(
             # the last kept turn's tool time need not finish before training
             t_solo = (cs_solo[e] - cs_solo[s]) - workload.env[e - 1]
             path = t_solo + fl / train_rate
+            # A deferring policy may interrupt a trajectory during a tool call and resume
+            # it without the rest of that call, so its chain counts no tool time at all.
+            no_env = (cs_solo[e] - cs_solo[s]) - (cs_env[e] - cs_env[s]) + fl / train_rate
+            whole_crit = max(whole_crit, no_env)
             crit = max(crit, path)
             total_work += (cs_work[e] - cs_work[s]) + fl / (cost.peak_flops * cost.train_mfu)
         step_crit.append(crit + cost.optimizer_step_s)
-        whole_crit = max(whole_crit, crit)
     start = cost.switch_s
     refresh = min(cost.sync_s(), cost.switch_s)
     work_bound = start + total_work / gpus

@@ -93,3 +93,12 @@ def test_trajectory_over_kv_capacity_times_out_keeping_turns():
     assert x.finish_status.value == "timed_out"
     assert x.turns_done == 1
     assert out.result.trajs["X"].ctx == 502
+
+
+def test_partial_interrupt_in_tool_time_stays_above_bound():
+    # T2 is interrupted during a 17 s tool call by the 3 s budget and resumed next step
+    # without the rest of that call: the deferring policy's bound must not count it.
+    df = trace([("task0", "T0", 0, 0, 0, 0.0), ("task1", "T1", 0, 0, 0, 0.0),
+                ("task2", "T2", 0, 0, 0, 17.0), ("task2", "T2", 1, 0, 0, 0.0)])
+    out = run(df, [["T0", "T2"], ["T1"]], "partial:finish_fraction=1.0,budget_s=3", sandbox_slots=1)
+    assert out.result.makespan >= out.lower_bound_seconds
