@@ -52,7 +52,7 @@ def plan_cmd(
     policies: Annotated[str | None, typer.Option("--policies", help="Comma-separated policy names to search (default: all registered).")] = None,
     workers: Annotated[int, typer.Option("--workers", help="Simulator processes on this machine.")] = 2,
     ray: Annotated[str | None, typer.Option("--ray", help="Evaluate on an existing Ray cluster: 'auto' or its address ('local' starts a private one).")] = None,
-    resamples: Annotated[int, typer.Option("--resamples", help="Bootstrap resamples of the trace for the robustness check.")] = 8,
+    resamples: Annotated[int, typer.Option("--resamples", help="Bootstrap resamples of the trace for the robustness check.")] = 5,
     top: Annotated[int, typer.Option("--top", help="How many of the best configurations get the robustness check.")] = 3,
     flag_pct: Annotated[float, typer.Option("--flag-pct", help="Flag a winner whose worst resample is this % below the runner-up's mean.")] = 5.0,
     no_sensitivity: Annotated[bool, typer.Option("--no-sensitivity", help="Skip the cluster-size and tail sensitivity study.")] = False,
@@ -120,14 +120,22 @@ def print_plan(result: PlanResult) -> None:
 
     con = Console() if Console().is_terminal else Console(width=170)
     r: pd.DataFrame = result.ranking
-    table = Table(title=f"plan: ranked configurations (top {min(SHOWN, len(r))} of {len(r)})")
+    same = r["note"].fillna("").str.startswith("same schedule as")
+    shown = r[~same | r["recommended"]].head(SHOWN)
+    if not (shown["policy"] == "colocated").any():  # the yardstick, always on screen
+        shown = pd.concat([shown, r[r["policy"] == "colocated"]])
+    table = Table(title=f"plan: ranked configurations ({len(shown)} best distinct schedules of "
+                        f"{len(r)} configurations; all in ranking.csv)")
     for c in ("#", "policy", "steps/h", "mean", "std", "min", "util", "stale", "gap %", "note"):
         wrap = c in ("policy", "note")
         table.add_column(c, justify="left" if wrap else "right", overflow="fold" if wrap else "ellipsis",
                          no_wrap=not wrap, ratio=3 if c == "policy" else (2 if wrap else None))
-    for _, row in r.head(SHOWN).iterrows():
+    twins = r.loc[same, "note"].str.extract(r"#(\d+)")[0].astype(int).value_counts()
+    for _, row in shown.iterrows():
+        n_same = int(twins.get(int(row["rank"]), 0))
         note = "; ".join(x for x in ("RECOMMENDED" if row["recommended"] else "",
-                                     row["flagged"] or "", row["note"] or "") if x)
+                                     row["flagged"] or "", row["note"] or "",
+                                     f"{n_same} more with this schedule" if n_same else "") if x)
         table.add_row(str(row["rank"]), str(row["policy"]), f"{row['steps_per_hour']:.3f}",
                       _num(row["sph_mean"], ".3f"), _num(row["sph_std"], ".3f"),
                       _num(row["sph_min"], ".3f"), f"{row['utilization']:.3f}",
@@ -151,8 +159,9 @@ def print_plan(result: PlanResult) -> None:
         err.print(f"note: {note}")
     c = result.search.counts
     err.print(
-        f"search: {len(result.search.trials)} trials ({c['complete']} full-length, {c['pruned']} pruned, "
-        f"{c['rejected']} rejected) in {result.search.wall_seconds:.0f}s; "
+        f"search: {result.search.distinct} configurations ({c['complete']} full-length, {c['pruned']} "
+        f"pruned, {c['rejected']} rejected; {len(result.search.trials)} asks, stopped by "
+        f"{result.search.stopped_by}) in {result.search.wall_seconds:.0f}s; "
         f"{result.simulations} simulations, {result.wall_seconds:.0f}s in all"
     )
     out = result.out

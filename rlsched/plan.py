@@ -16,8 +16,10 @@ Four phases, all on the simulator:
    search's cost) and, when the analysis package's report writer is installed, run
    records and ``report.html`` for the top candidates.
 
-The budget covers all phases: the search stops early enough to leave time for the fixed
-number of simulations the later phases need (estimated from colocated's own run time).
+Phases 2 and 3 live in :mod:`rlsched.plan_checks`. The budget covers all phases: the
+search stops early enough to leave time for the fixed number of simulations the later
+phases need, estimated from the simulation speed measured so far (so a loaded machine
+searches less rather than overrunning).
 Output is written to a temporary sibling of ``--out`` and renamed into place when complete.
 """
 
@@ -27,7 +29,6 @@ import json
 import math
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,15 @@ import pandas as pd
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import ConfigError
 from rlsched.compare import prepare_out_dir, publish, run_dir_name
-from rlsched.plan_eval import BASE, CachedRunner, Evaluation, Job, PlanSetup, Scenario, make_runner
+from rlsched.plan_checks import (
+    PlanProgress,
+    choose,
+    distinct_best,
+    feasible_sorted,
+    robustness,
+    sensitivity,
+)
+from rlsched.plan_eval import BASE, CachedRunner, Job, PlanSetup, make_runner
 from rlsched.plan_output import (
     check_config_text,
     params_text,
@@ -48,8 +57,6 @@ from rlsched.plan_output import (
 from rlsched.plan_search import BASELINE, SearchResult, judge, search
 from rlsched.plan_space import build_arms
 from rlsched.sim.cost import CostModel
-
-PlanProgress = Callable[[str, float, float, str], None]  # (phase, done, total, note)
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,7 @@ class PlanRequest:
     workers: int = 2
     ray: str | None = None
     policies: tuple[str, ...] | None = None
-    resamples: int = 8
+    resamples: int = 5
     top: int = 3
     flag_pct: float = 5.0
     sensitivity: bool = True
@@ -108,146 +115,6 @@ def _check(req: PlanRequest) -> None:
         raise ConfigError(f"--flag-pct={req.flag_pct}: expected a percentage in [0, 100)")
 
 
-def _distinct_best(specs: list[tuple[str, Evaluation]], n: int) -> list[str]:
-    """The first ``n`` specs whose outcomes differ (rounding often makes two specs run the
-    same schedule: a rollout share of 0.50 or 0.52 is the same number of engines)."""
-    out, seen = [], set()
-    for spec, ev in specs:
-        key = (round(ev.makespan, 6), ev.trained_tokens)
-        if key not in seen:
-            seen.add(key)
-            out.append(spec)
-        if len(out) == n:
-            break
-    return out
-
-
-def _feasible_sorted(res: SearchResult, max_staleness: int, steps: int) -> list[tuple[str, Evaluation]]:
-    base = res.baselines[steps]
-    ok = [(s, ev) for s, ev in res.full.items() if judge(ev, base, max_staleness).feasible]
-    return sorted(ok, key=lambda x: (-x[1].steps_per_hour, x[0]))
-
-
-def _robustness(req: PlanRequest, runner: CachedRunner, cands: list[str], steps: int,
-                progress: PlanProgress | None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    scenarios = [Scenario(f"boot-{i}", "bootstrap", seed=req.seed * 1000 + i)
-                 for i in range(req.resamples)]
-    specs = list(dict.fromkeys([*cands, BASELINE]))
-    jobs = [Job(sc, s, steps) for sc in scenarios for s in specs]
-    done = [0]
-
-    def tick(_: Evaluation) -> None:
-        done[0] += 1
-        if progress:
-            progress("robustness", done[0], len(jobs), "")
-
-    evals = {(ev.job.scenario.name, ev.job.spec): ev for ev in runner.map(jobs, tick)}
-    rows = []
-    for sc in scenarios:
-        base = evals[(sc.name, BASELINE)]
-        for s in specs:
-            ev = evals[(sc.name, s)]
-            v = judge(ev, base, req.max_staleness)
-            rows.append({"policy": s, "resample": sc.name, "seed": sc.seed,
-                         "steps_per_hour": ev.steps_per_hour, "feasible": v.feasible,
-                         "note": v.reason})
-    detail = pd.DataFrame(rows)
-    stats = []
-    for s in specs:
-        x = detail.loc[detail["policy"] == s, "steps_per_hour"].to_numpy(dtype=float)
-        stats.append({"policy": s, "sph_mean": float(x.mean()),
-                      "sph_std": float(x.std(ddof=1)) if len(x) > 1 else 0.0,
-                      "sph_min": float(x.min()), "resamples": len(x),
-                      "infeasible": int((~detail.loc[detail["policy"] == s, "feasible"]).sum())})
-    return pd.DataFrame(stats).set_index("policy"), detail
-
-
-def _choose(stats: pd.DataFrame, cands: list[str], flag_pct: float) -> tuple[str, dict[str, str], list[str]]:
-    """Order candidates by bootstrap mean; flag a mean winner that loses badly somewhere."""
-    order = sorted(cands, key=lambda s: (-stats.loc[s, "sph_mean"], s))
-    flags: dict[str, str] = {}
-    notes: list[str] = []
-    for s in order:
-        if stats.loc[s, "infeasible"]:
-            flags[s] = f"rejected on {int(stats.loc[s, 'infeasible'])} resample(s)"
-    winner = order[0]
-    if len(order) > 1:
-        runner_up = order[1]
-        floor = stats.loc[runner_up, "sph_mean"] * (1 - flag_pct / 100)
-        if stats.loc[winner, "sph_min"] < floor:
-            flags[winner] = (f"worst resample {stats.loc[winner, 'sph_min']:.3f} steps/h is more than "
-                             f"{flag_pct:g}% below the runner-up's mean "
-                             f"{stats.loc[runner_up, 'sph_mean']:.3f}")
-    pick = next((s for s in order if s not in flags), order[0])
-    if pick != winner:
-        notes.append(f"{winner} has the best mean but is flagged ({flags[winner]}); recommending {pick}")
-    return pick, flags, notes
-
-
-def _sensitivity(req: PlanRequest, runner: CachedRunner, res: SearchResult, setup: PlanSetup,
-                 recommended: str, progress: PlanProgress | None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    run = setup.run
-    feasible = _feasible_sorted(res, req.max_staleness, run.steps)
-    cands: list[str] = []
-    for arm in dict.fromkeys(res.arm_of[s] for s, _ in feasible):
-        # the recommended arm's two best settings (do its parameters move?), one of the others
-        n = 2 if arm == res.arm_of[recommended] else 1
-        cands += _distinct_best([(s, ev) for s, ev in feasible if res.arm_of[s] == arm], n)
-    cands = list(dict.fromkeys([recommended, *cands, BASELINE]))
-    pct = f"{setup.tail_fraction:.0%}"
-    scenarios: list[tuple[Scenario, str]] = []
-    for factor, label in ((0.5, "0.5x GPUs"), (2.0, "2x GPUs")):
-        gpus = int(run.gpus * factor)
-        try:
-            replace(run, gpus=gpus)
-        except ConfigError as err:
-            scenarios.append((Scenario(f"gpus-{gpus}", "skip", gpus), f"{label}: skipped ({err})"))
-            continue
-        scenarios.append((Scenario(f"gpus-{gpus}", "base", gpus), label))
-    scenarios.append((Scenario("tail-cut", "tail-cut"), f"{pct} longest trajectories removed"))
-    scenarios.append((Scenario("tail-x2", "tail-x2"), f"{pct} longest trajectories doubled"))
-    live = [sc for sc, _ in scenarios if sc.kind != "skip"]
-    jobs = [Job(sc, s, run.steps) for sc in live for s in cands]
-    done = [0]
-
-    def tick(_: Evaluation) -> None:
-        done[0] += 1
-        if progress:
-            progress("sensitivity", done[0], len(jobs), "")
-
-    evals = {(ev.job.scenario.name, ev.job.spec): ev for ev in runner.map(jobs, tick)}
-    rows, detail = [], []
-    for sc, label in scenarios:
-        if sc.kind == "skip":
-            rows.append({"scenario": label, "gpus": sc.gpus, "best": "", "change": "skipped"})
-            continue
-        base = evals[(sc.name, BASELINE)]
-        ranked = []
-        for s in cands:
-            ev = evals[(sc.name, s)]
-            v = judge(ev, base, req.max_staleness)
-            detail.append({"scenario": label, "gpus": ev.gpus, "policy": s,
-                           "steps_per_hour": ev.steps_per_hour, "feasible": v.feasible,
-                           "note": v.reason})
-            if v.feasible:
-                ranked.append((ev.steps_per_hour, s))
-        ranked.sort(key=lambda x: (-x[0], x[1]))
-        order = [s for _, s in ranked]
-        best = order[0] if order else ""
-        change = ("none" if best == recommended else
-                  "parameters" if best and res.arm_of.get(best) == res.arm_of.get(recommended) else
-                  "policy")
-        rows.append({
-            "scenario": label, "gpus": evals[(sc.name, BASELINE)].gpus, "best": best,
-            "best_steps_per_hour": ranked[0][0] if ranked else math.nan,
-            "recommended_steps_per_hour": evals[(sc.name, recommended)].steps_per_hour,
-            "recommended_rank": order.index(recommended) + 1 if recommended in order else math.nan,
-            "colocated_steps_per_hour": base.steps_per_hour,
-            "candidates": len(cands), "change": change,
-        })
-    return pd.DataFrame(rows), pd.DataFrame(detail)
-
-
 def _ranking(req: PlanRequest, res: SearchResult, steps: int, stats: pd.DataFrame,
              flags: dict[str, str], recommended: str) -> pd.DataFrame:
     base = res.baselines[steps]
@@ -257,6 +124,7 @@ def _ranking(req: PlanRequest, res: SearchResult, steps: int, stats: pd.DataFram
         st = stats.loc[spec] if spec in stats.index else None
         rows.append({
             "policy": spec, "arm": res.arm_of[spec], "params": params_text(res.params[spec]),
+            "trial": res.trial_of[spec],
             "steps_per_hour": ev.steps_per_hour,
             "sph_mean": st["sph_mean"] if st is not None else math.nan,
             "sph_std": st["sph_std"] if st is not None else math.nan,
@@ -341,14 +209,14 @@ def plan(req: PlanRequest, out: Path, *, force: bool = False,
         phases = {"search": time.monotonic() - t0}
         if progress:
             progress("search", budget_s, budget_s, f"{len(res.trials)} trials")
-        feasible = _feasible_sorted(res, req.max_staleness, run.steps)
-        cands = _distinct_best(feasible, req.top)
+        feasible = feasible_sorted(res, req.max_staleness, run.steps)
+        cands = distinct_best(feasible, req.top)
         mark = time.monotonic()
-        stats, boot = _robustness(req, runner, cands, run.steps, progress)
-        recommended, flags, notes = _choose(stats, cands, req.flag_pct)
+        stats, boot = robustness(req, runner, cands, run.steps, progress)
+        recommended, flags, notes = choose(stats, cands, req.flag_pct)
         phases["robustness"], mark = time.monotonic() - mark, time.monotonic()
         if req.sensitivity:
-            sens, sens_detail = _sensitivity(req, runner, res, setup, recommended, progress)
+            sens, sens_detail = sensitivity(req, runner, res, setup, recommended, progress)
         else:
             sens, sens_detail = pd.DataFrame(), pd.DataFrame()
         phases["sensitivity"], mark = time.monotonic() - mark, time.monotonic()
@@ -365,7 +233,7 @@ def plan(req: PlanRequest, out: Path, *, force: bool = False,
             trace=req.trace_path.absolute(), run=run, cost=req.cost, live=req.live,
             specs=list(dict.fromkeys([recommended, BASELINE])),
             header=[
-                f"Recommended by `rlsched plan` (seed {req.seed}, {len(res.trials)} trials, "
+                f"Recommended by `rlsched plan` (seed {req.seed}, {res.distinct} configurations tried, "
                 f"max staleness {req.max_staleness}).",
                 "Compare it with colocated:  rlsched compare --config recommended.toml --out DIR",
                 f"Run it live:  rlsched run --config recommended.toml --policy '{recommended}' --live --out DIR",
@@ -395,7 +263,8 @@ def plan(req: PlanRequest, out: Path, *, force: bool = False,
             "tasks_per_step": run.tasks_per_step, "seed": req.seed,
             "max_staleness": req.max_staleness, "budget_minutes": req.budget_minutes,
             "max_trials": req.max_trials, "arms": [a.key for a in arms],
-            "trials": len(res.trials), **{f"trials_{k}": v for k, v in counts.items()},
+            "configurations": res.distinct, "asks": len(res.trials),
+            **{f"configurations_{k}": v for k, v in counts.items()},
             "stopped_by": res.stopped_by, "search_wall_seconds": res.wall_seconds,
             "wall_seconds": wall, "phase_seconds": phases, "simulations": runner.simulations,
             "simulated_cpu_seconds": runner.sim_seconds, "workers": runner.workers,

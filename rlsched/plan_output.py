@@ -28,7 +28,7 @@ RANKING_COLUMNS = (
     "rank", "policy", "arm", "params", "steps_per_hour", "sph_mean", "sph_std", "sph_min",
     "resamples", "utilization", "max_staleness", "gap_to_bound_pct", "trained_tokens",
     "tokens_vs_colocated", "sim_seconds", "lower_bound_seconds", "feasible", "note",
-    "flagged", "recommended",
+    "flagged", "recommended", "trial",
 )
 
 _CLUSTER_KEYS = ("gpus", "tp")
@@ -110,12 +110,13 @@ def check_config_text(text: str, source: str) -> None:
 
 
 def ranking_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """Feasible configurations by steps/hour, then the rejected ones; ``rank`` from 1."""
+    """Feasible configurations by steps/hour, then the rejected ones; ``rank`` from 1.
+    Equal steps/hour go in the order the search found them (declared defaults first)."""
     df = pd.DataFrame(rows)
     for c in RANKING_COLUMNS:
         if c not in df.columns:
             df[c] = math.nan
-    df = df.sort_values(["feasible", "steps_per_hour", "policy"], ascending=[False, False, True],
+    df = df.sort_values(["feasible", "steps_per_hour", "trial"], ascending=[False, False, True],
                         kind="mergesort").reset_index(drop=True)
     df["rank"] = range(1, len(df) + 1)
     first: dict[tuple[float, int], int] = {}

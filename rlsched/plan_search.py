@@ -84,6 +84,7 @@ class SearchResult:
     full: dict[str, Evaluation] = field(default_factory=dict)  # spec -> full-length evaluation
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # spec -> searched values
     arm_of: dict[str, str] = field(default_factory=dict)  # spec -> arm key
+    trial_of: dict[str, int] = field(default_factory=dict)  # spec -> first trial (-1: baseline)
     baselines: dict[int, Evaluation] = field(default_factory=dict)  # steps -> colocated
     wall_seconds: float = 0.0
     stopped_by: str = ""  # "trials" | "budget" | "converged"
@@ -143,7 +144,7 @@ def search(
     for ev in runner.map([Job(BASE, BASELINE, n) for n in rungs]):
         res.baselines[ev.job.steps] = ev
     res.full[BASELINE] = res.baselines[steps]
-    res.params[BASELINE], res.arm_of[BASELINE] = {}, BASELINE
+    res.params[BASELINE], res.arm_of[BASELINE], res.trial_of[BASELINE] = {}, BASELINE, -1
 
     sampler = optuna.samplers.TPESampler(
         seed=seed, multivariate=True, group=True, constant_liar=True,
@@ -200,6 +201,7 @@ def search(
                     state = "complete" if verdict.feasible else "rejected"
                     res.full.setdefault(spec, ev)
                     res.params.setdefault(spec, values)
+                    res.trial_of.setdefault(spec, trial.number)
                     res.arm_of.setdefault(spec, arm.key)
                     if verdict.feasible and verdict.value > best_value:
                         best_spec, best_value = spec, verdict.value

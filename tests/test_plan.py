@@ -20,7 +20,8 @@ import pytest
 from rlsched.cli import main
 from rlsched.cluster.config import RunConfig, load_config
 from rlsched.cluster.errors import ConfigError, PolicyError
-from rlsched.plan import PlanRequest, _choose, plan
+from rlsched.plan import PlanRequest, plan
+from rlsched.plan_checks import choose
 from rlsched.plan_eval import BASE, Evaluation, Job, PlanSetup, evaluate_with
 from rlsched.plan_search import BATCH, judge, rungs_for
 from rlsched.plan_space import build_arms
@@ -192,10 +193,10 @@ def test_winner_that_loses_badly_on_a_resample_is_flagged() -> None:
          "resamples": [4, 4, 4], "infeasible": [0, 0, 0]},
         index=["risky", "steady", "slow"],
     )
-    pick, flags, notes = _choose(stats, ["risky", "steady", "slow"], 5.0)
+    pick, flags, notes = choose(stats, ["risky", "steady", "slow"], 5.0)
     assert pick == "steady" and "risky" in flags and notes
     stats.loc["risky", "sph_min"] = 9.3  # worst case within 5% of the runner-up's mean
-    pick, flags, _ = _choose(stats, ["risky", "steady", "slow"], 5.0)
+    pick, flags, _ = choose(stats, ["risky", "steady", "slow"], 5.0)
     assert pick == "risky" and not flags
 
 

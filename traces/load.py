@@ -100,13 +100,20 @@ def _read_parquet(path: Path, steps: Iterable[int] | None,
         if tasks is not None:
             filters.append(("task_id", "in", [str(t) for t in tasks]))
         table = pq.read_table(path, filters=filters) if filters else pf.read()
+        # Arrow checks UTF-8 lazily; a damaged string page would otherwise fail later,
+        # deep inside validation, with an ArrowException.
+        table.validate(full=True)
     except TraceError:
         raise
     except (pa.ArrowException, OSError, ValueError) as err:
         raise TraceError(f"{path}: not a readable Parquet file ({_one_line(err)}) — expected "
                          f"an intact Parquet trace") from None
     try:
-        return table.to_pandas()
+        try:
+            return table.to_pandas()
+        except (KeyError, IndexError, ValueError, TypeError):
+            # Damaged pandas metadata (the "pandas" schema key): the columns may still be fine.
+            return table.to_pandas(ignore_metadata=True)
     except (pa.ArrowException, ValueError, TypeError) as err:
         raise TraceError(f"{path}: Parquet columns cannot be read ({_one_line(err)}) — "
                          f"expected plain string, integer, float and boolean columns") from None
