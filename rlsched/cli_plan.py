@@ -20,8 +20,8 @@ from rlsched.cli_run import (
     TasksOpt,
     TpOpt,
     TraceOpt,
-    _settings,
-    _trace_path,
+    resolve_settings,
+    resolve_trace_path,
 )
 from rlsched.cluster.errors import ConfigError
 
@@ -63,7 +63,7 @@ def plan_cmd(
     from rlsched.plan import PlanRequest, plan
     from rlsched.traces import load_trace
 
-    cfg, run, model = _settings(
+    cfg, run, model = resolve_settings(
         config, cost, gpus=gpus, tp=tp, steps=steps, tasks_per_step=tasks_per_step,
         samples_per_task=samples_per_task, seed=seed,
     )
@@ -72,7 +72,7 @@ def plan_cmd(
         names = tuple(n.strip() for n in policies.split(",") if n.strip())
         if not names or any(":" in n or "=" in n for n in names):
             raise ConfigError(f"--policies {policies!r}: expected plain policy names, e.g. async,elastic")
-    path = _trace_path(trace, cfg)
+    path = resolve_trace_path(trace, cfg)
     req = PlanRequest(
         trace_path=path, trace=load_trace(path), run=run, cost=model, live=dict(cfg.live),  # type: ignore[arg-type]
         max_staleness=max_staleness, budget_minutes=budget_minutes, max_trials=trials,

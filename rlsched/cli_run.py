@@ -22,7 +22,7 @@ SeedOpt = Annotated[int | None, typer.Option("--seed", help="Seed for the run.")
 CheckOpt = Annotated[bool, typer.Option("--check", help="Check invariants at run time (slower).")]
 
 
-def _settings(
+def resolve_settings(
     config: Path | None, cost: Path | None, **overrides: int | bool | None
 ) -> tuple[ConfigFile, RunConfig, object]:
     from rlsched.sim.cost import CostModel
@@ -35,7 +35,7 @@ def _settings(
     return cfg, run, model
 
 
-def _trace_path(trace: Path | None, cfg: ConfigFile) -> Path:
+def resolve_trace_path(trace: Path | None, cfg: ConfigFile) -> Path:
     from rlsched.traces import sample_trace_path
 
     if trace is not None:
@@ -73,12 +73,12 @@ def compare_cmd(
     from rlsched.compare import ComparePlan, compare, resolve_specs
     from rlsched.ui import console_err, print_summary, step_progress
 
-    cfg, run, model = _settings(
+    cfg, run, model = resolve_settings(
         config, cost, gpus=gpus, tp=tp, steps=steps, tasks_per_step=tasks_per_step,
         samples_per_task=samples_per_task, seed=seed, check=check or None,
     )
     specs = resolve_specs(policy or [], policies, cfg.policies)
-    plan = ComparePlan(_trace_path(trace, cfg), specs, run, model)  # type: ignore[arg-type]
+    plan = ComparePlan(resolve_trace_path(trace, cfg), specs, run, model)  # type: ignore[arg-type]
     with step_progress(specs, run.steps) as progress:
         summary = compare(plan, out, force=force, progress=progress, report=not no_report)
     print_summary(summary)
@@ -132,11 +132,11 @@ def run_cmd(
     from rlsched.compare import ComparePlan, compare
     from rlsched.ui import print_summary, step_progress
 
-    cfg, run, model = _settings(
+    cfg, run, model = resolve_settings(
         config, cost, gpus=gpus, tp=tp, steps=steps, tasks_per_step=tasks_per_step,
         samples_per_task=samples_per_task, seed=seed, check=check or None,
     )
-    plan = ComparePlan(_trace_path(trace, cfg), (policy,), run, model)  # type: ignore[arg-type]
+    plan = ComparePlan(resolve_trace_path(trace, cfg), (policy,), run, model)  # type: ignore[arg-type]
     with step_progress((policy,), run.steps) as progress:
         summary = compare(plan, out, force=force, progress=progress)
     print_summary(summary)
