@@ -26,7 +26,7 @@ from .commands import (
 )
 from .errors import PolicyError
 from .ids import EngineId, GpuId, Role, TaskId, TrajectoryId, TrajStatus
-from .view import EngineInfo, TrainerInfo, TrajectoryInfo
+from .view import EngineInfo, RolloutTotals, TrainerInfo, TrajectoryInfo
 
 _DISPATCHABLE = frozenset({TrajStatus.PENDING, TrajStatus.INTERRUPTED})
 _ACTIVE = frozenset({TrajStatus.QUEUED, TrajStatus.RUNNING})
@@ -80,6 +80,31 @@ class EngineState:
         )
 
 
+class RoleList(list):
+    """GPU roles that also keep the set of GPUs in each role, so ``gpus_in`` does not scan
+    every GPU on every call (drivers write ``state.roles[g] = role`` as before)."""
+
+    __slots__ = ("by_role", "changed")
+
+    def __init__(self, roles: Iterable[Role]) -> None:
+        super().__init__(roles)
+        self.by_role: dict[Role, set[GpuId]] = {r: set() for r in Role}
+        for g, r in enumerate(self):
+            self.by_role[r].add(g)
+        self.changed: set[Role] = set(Role)  # roles whose cached tuple is stale
+
+    def __setitem__(self, index, value) -> None:  # type: ignore[no-untyped-def]
+        if not isinstance(index, int):
+            raise TypeError("RoleList: assign one GPU at a time")
+        old = self[index]
+        super().__setitem__(index, value)
+        if old is not value:
+            self.by_role[old].discard(index)
+            self.by_role[value].add(index)
+            self.changed.add(old)
+            self.changed.add(value)
+
+
 class ClusterState:
     """Implements :class:`ClusterView` for policies and the lifecycle for drivers."""
 
@@ -96,12 +121,15 @@ class ClusterState:
         self._num_gpus = num_gpus
         self._tp = tp
         self.max_staleness = max_staleness
-        self.roles: list[Role] = [Role.IDLE] * num_gpus
+        self.roles: list[Role] = RoleList([Role.IDLE] * num_gpus)
+        self._by_role: dict[Role, tuple[GpuId, ...]] = {}
         self.engines_: dict[EngineId, EngineState] = {}
         self.trajs: dict[TrajectoryId, TrajState] = {}
         self._batches: list[tuple[TrajectoryId, ...]] = []
         self._unfinished: list[int] = []
         self._finished: dict[TrajectoryId, None] = {}  # insertion-ordered set
+        # per step, the same set; entries found in a micro-batch are dropped when met
+        self._finished_by_step: list[dict[TrajectoryId, None]] = []
         for step, batch in enumerate(batches):
             ids = []
             for tid, task in batch:
@@ -111,6 +139,7 @@ class ClusterState:
                 ids.append(tid)
             self._batches.append(tuple(ids))
             self._unfinished.append(len(ids))
+            self._finished_by_step.append({})
         self.version = 0
         self.trainer_busy = False
         self.queued_micro_batches = 0
@@ -139,7 +168,11 @@ class ClusterState:
         return self.roles[gpu]
 
     def gpus_in(self, role: Role) -> tuple[GpuId, ...]:
-        return tuple(g for g, r in enumerate(self.roles) if r is role)
+        roles: RoleList = self.roles  # type: ignore[assignment]
+        if role in roles.changed:
+            self._by_role[role] = tuple(sorted(roles.by_role[role]))
+            roles.changed.discard(role)
+        return self._by_role[role]
 
     def engine_of(self, gpu: GpuId) -> EngineId:
         return gpu // self._tp
@@ -171,12 +204,35 @@ class ClusterState:
         except KeyError:
             raise PolicyError(f"unknown trajectory {trajectory!r}") from None
 
+    def status(self, trajectory: TrajectoryId) -> TrajStatus:
+        try:
+            return self.trajs[trajectory].status
+        except KeyError:
+            raise PolicyError(f"unknown trajectory {trajectory!r}") from None
+
+    def rollout_totals(self) -> RolloutTotals:
+        engines = live = queued = kv = 0
+        for s in self.engines_.values():
+            if not s.draining:
+                engines += 1
+                q = len(s.queue)
+                live += len(s.running) + q
+                queued += q > 0
+                kv += s.kv_used
+        return RolloutTotals(engines, live, queued, kv)
+
     def finished(self, step: int | None = None) -> tuple[TrajectoryId, ...]:
         """Finished, not yet trained/dropped, not in a queued micro-batch; finish order."""
-        return tuple(
-            t for t in self._finished
-            if not self.trajs[t].in_micro_batch and (step is None or self.trajs[t].step == step)
-        )
+        trajs = self.trajs
+        if step is None:
+            return tuple(t for t in self._finished if not trajs[t].in_micro_batch)
+        if not 0 <= step < len(self._finished_by_step):
+            return ()
+        ready = self._finished_by_step[step]
+        batched = [t for t in ready if trajs[t].in_micro_batch]
+        for t in batched:  # it leaves the micro-batch only by being trained: drop it now
+            del ready[t]
+        return tuple(ready)
 
     def unfinished(self, step: int) -> int:
         return self._unfinished[step]
@@ -212,11 +268,13 @@ class ClusterState:
         t.finish_status = status
         self._unfinished[t.step] -= 1
         self._finished[tid] = None
+        self._finished_by_step[t.step][tid] = None
 
     def mark_resumable(self, tid: TrajectoryId) -> None:
         """An INTERRUPTED trajectory was dispatched again: it is unfinished once more."""
         t = self.trajs[tid]
         self._finished.pop(tid, None)
+        self._finished_by_step[t.step].pop(tid, None)
         self._unfinished[t.step] += 1
 
     def mark_trained(self, tids: Iterable[TrajectoryId], version: int) -> None:
@@ -224,12 +282,14 @@ class ClusterState:
             t = self.trajs[tid]
             t.status, t.trained_version, t.in_micro_batch = TrajStatus.TRAINED, version, False
             self._finished.pop(tid, None)
+            self._finished_by_step[t.step].pop(tid, None)
 
     def mark_dropped(self, tids: Iterable[TrajectoryId]) -> None:
         for tid in tids:
             t = self.trajs[tid]
             t.status = TrajStatus.DROPPED
             self._finished.pop(tid, None)
+            self._finished_by_step[t.step].pop(tid, None)
 
     # --------------------------------------------------------------- legality
     def check(self, cmd: Command) -> None:

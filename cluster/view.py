@@ -58,6 +58,16 @@ class TrajectoryInfo:
     min_version: int  # oldest weights version that generated any of its kept tokens (-1: none)
 
 
+@dataclass(frozen=True, slots=True)
+class RolloutTotals:
+    """Sums over the active (not draining) rollout engines, without one EngineInfo each."""
+
+    engines: int
+    live: int  # trajectories running or queued on them (sum of EngineInfo.load)
+    engines_with_queue: int
+    kv_used: int
+
+
 @runtime_checkable
 class ClusterView(Protocol):
     """Read-only cluster state handed to policies with every event."""
@@ -80,5 +90,7 @@ class ClusterView(Protocol):
     def trainer(self) -> TrainerInfo: ...
     def batch(self, step: int) -> tuple[TrajectoryId, ...]: ...
     def trajectory(self, trajectory: TrajectoryId) -> TrajectoryInfo: ...
+    def status(self, trajectory: TrajectoryId) -> TrajStatus: ...
+    def rollout_totals(self) -> RolloutTotals: ...
     def finished(self, step: int | None = None) -> tuple[TrajectoryId, ...]: ...
     def unfinished(self, step: int) -> int: ...

@@ -159,7 +159,7 @@ class Elastic:
         stopped = tuple(
             t for s in range(self._train_step, self._dispatched)
             for t in view.finished(s)
-            if view.trajectory(t).status is TrajStatus.INTERRUPTED
+            if view.status(t) is TrajStatus.INTERRUPTED
         )
         return [Dispatch(stopped)] if stopped else []
 
@@ -171,7 +171,7 @@ class Elastic:
         tr = view.trainer()
         if not tr.gpus or tr.queued_micro_batches:
             return []
-        ready = tuple(t for t in view.finished(s) if view.trajectory(t).status is not TrajStatus.INTERRUPTED)
+        ready = tuple(t for t in view.finished(s) if view.status(t) is not TrajStatus.INTERRUPTED)
         if ready:
             self._in_micro += len(ready)
             return [TrainMicroBatch(ready)]
@@ -188,21 +188,22 @@ class Elastic:
         s = self._train_step
         if s >= min(self._dispatched, view.num_steps):
             return []
-        engines = [view.engine(e) for e in view.engines()]
-        if len(engines) <= self.min_engines:
+        totals = view.rollout_totals()  # (sums without an EngineInfo per engine per event)
+        if totals.engines <= self.min_engines:
             return []
         if not (view.finished(s) or self._in_micro):
             return []  # nothing to train yet: freed GPUs would only wait
-        if any(e.queued for e in engines):
+        if totals.engines_with_queue:
             return []  # engines are saturated (KV full): shrinking would only lengthen queues
-        live = sum(e.load for e in engines)
+        live = totals.live
         if self.staleness == 0:
             # on-policy: only the step's own tail can make room
             if live >= self.tail * len(view.batch(s)):
                 return []
         elif view.unfinished(s) > 0:
             return []  # with overlap, engines are busy with the next batch until s is whole
-        kv = sum(e.kv_used for e in engines)
+        engines = [view.engine(e) for e in view.engines()]
+        kv = totals.kv_used
         cap = engines[0].kv_capacity
         by_load = math.ceil(live / (self.pack * self._per_engine))
         by_kv = math.ceil(kv / (self.kv_limit * cap)) if cap else len(engines)
