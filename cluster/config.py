@@ -40,6 +40,12 @@ class RunConfig:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ConfigError(f"run config: {name}={v!r}: expected an integer >= 1")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"run config: seed={_short(self.seed)}: expected an integer >= 0")
+        for name in ("processor", "check"):
+            v = getattr(self, name)
+            if not isinstance(v, bool):
+                raise ConfigError(f"run config: {name}={_short(v)}: expected true or false")
         if self.gpus % self.tp:
             raise ConfigError(
                 f"run config: gpus={self.gpus} is not a multiple of tp={self.tp} "
@@ -81,6 +87,10 @@ def load_config(path: str | Path) -> ConfigFile:
         raise ConfigError(f"{p}: cannot read config ({exc.__class__.__name__})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: not a usable config: values are nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer past Python's 4300-digit conversion limit
+        raise ConfigError(f"{p}: not a usable config: {str(exc).splitlines()[0]}") from None
     return parse_config(data, source=str(p))
 
 
@@ -104,6 +114,8 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> ConfigFile:
     pols = data.get("policy", [])
     if isinstance(pols, dict):
         pols = [pols]
+    if not isinstance(pols, list):
+        raise ConfigError(f"{source}: policy must be [[policy]] entries with spec = \"NAME:key=value,...\"")
     specs: list[str] = []
     for i, entry in enumerate(pols):
         if not isinstance(entry, dict) or not isinstance(entry.get("spec"), str):
@@ -119,6 +131,11 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> ConfigFile:
     if trace is not None and not isinstance(trace, str):
         raise ConfigError(f"{source}: trace must be a path string")
     return ConfigFile(run, dict(cost), tuple(specs), dict(live), trace, source)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _hint(key: str, known: set[str]) -> str:

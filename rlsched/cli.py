@@ -20,6 +20,16 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def usage_line(exc: Exception) -> str:
+    """A usage error as one line that names the command and where its help is."""
+    fmt = getattr(exc, "format_message", None)
+    message = " ".join(str(fmt() if fmt else exc).split())
+    ctx = getattr(exc, "ctx", None)
+    if ctx is None:
+        return message
+    return f"{ctx.command_path}: {message} (see '{ctx.command_path} --help')"
+
+
 def build_app() -> typer.Typer:
     app = typer.Typer(
         name="rlsched",
@@ -54,11 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         return 130
     except typer.TyperException as exc:  # usage errors: unknown option, missing argument
-        show = getattr(exc, "show", None)
-        if show is not None:
-            show()
-        else:
-            typer.echo(f"rlsched: error: {exc}", err=True)
+        typer.echo(f"rlsched: error: {usage_line(exc)}", err=True)
         return int(getattr(exc, "exit_code", 2) or 2)
     return 0
 

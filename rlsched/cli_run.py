@@ -93,8 +93,8 @@ def compare_cmd(
 
 
 def run_cmd(
-    policy: Annotated[str, typer.Option("--policy", help="Policy spec NAME[:key=value,...].")],
     out: Annotated[Path, typer.Option("--out", help="Run directory to write.")],
+    policy: Annotated[str | None, typer.Option("--policy", help="Policy spec NAME[:key=value,...]; default: the config's first [[policy]].")] = None,
     live: Annotated[bool, typer.Option("--live", help="Run on the live backend (Ray + vLLM + Megatron-core).")] = False,
     trace: TraceOpt = None,
     config: ConfigOpt = None,
@@ -112,6 +112,11 @@ def run_cmd(
     """Run one policy: in the simulator on a trace, or with --live on real engines."""
     from rlsched.policies import make_policy
 
+    if policy is None:
+        policies = load_config(config).policies if config is not None else ()
+        if not policies:
+            raise ConfigError("run: give --policy NAME[:key=value,...] or a --config with a [[policy]] entry")
+        policy = policies[0]
     make_policy(policy)  # one-line error for a bad spec before anything starts
     if live:
         cfg = load_config(config) if config is not None else ConfigFile()

@@ -53,8 +53,16 @@ def prepare_out_dir(out: Path, force: bool) -> Path:
     if out.exists() and any(out.iterdir()) and not force:
         raise ConfigError(f"--out {out}: directory is not empty (use --force to replace it)")
     parent = out.absolute().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+    for above in (parent, *parent.parents):
+        if above.exists():
+            if not above.is_dir():
+                raise ConfigError(f"--out {out}: {above} is a file, not a directory")
+            break
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create it ({exc.strerror or exc.__class__.__name__})") from None
 
 
 def publish(tmp: Path, out: Path) -> None:

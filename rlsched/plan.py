@@ -236,7 +236,8 @@ def plan(req: PlanRequest, out: Path, *, force: bool = False,
                 f"Recommended by `rlsched plan` (seed {req.seed}, {res.distinct} configurations tried, "
                 f"max staleness {req.max_staleness}).",
                 "Compare it with colocated:  rlsched compare --config recommended.toml --out DIR",
-                f"Run it live:  rlsched run --config recommended.toml --policy '{recommended}' --live --out DIR",
+                "Run it live (the first [[policy]] is the default):  rlsched run --config recommended.toml --live --steps 2 --out DIR",
+                "([cluster] is the planned cluster the simulator replays; [live] is the host a live run uses.)",
             ],
         )
         check_config_text(text, str(out / "recommended.toml"))

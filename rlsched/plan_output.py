@@ -74,6 +74,19 @@ def _table(name: str, items: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+#: The ``[live]`` table written when the plan's own config has none: the planned cluster
+#: (``[cluster] gpus``) is what the simulator replays, while ``[live] gpus`` is the host a
+#: promoted run starts on -- here the 2-slot CPU setting of ``configs/live-cpu.toml``, so
+#: ``rlsched run --config recommended.toml --live`` works on any machine. Edit it on a GPU host.
+LIVE_HOST_DEFAULTS: dict[str, Any] = {
+    "gpus": 2,
+    "tasks_per_step": 2,
+    "samples_per_task": 2,
+    "max_turns": 3,
+    "max_tokens_per_turn": 32,
+}
+
+
 def recommended_toml(
     *,
     trace: Path,
@@ -93,8 +106,7 @@ def recommended_toml(
     over = cost_overrides(cost)
     if over:
         lines += ["", *_table("cost", over)]
-    if live:
-        lines += ["", *_table("live", live)]
+    lines += ["", *_table("live", live or LIVE_HOST_DEFAULTS)]
     for i, spec in enumerate(specs):
         note = "  # recommended" if i == 0 else "  # for comparison"
         lines += ["", "[[policy]]", f"spec = {_toml_value(spec, 'spec')}{note}"]

@@ -108,3 +108,16 @@ def test_config_file_supplies_policies_and_cluster(tmp_path, small_trace):
     s = pd.read_csv(out / "summary.csv")
     assert list(s.policy) == ["async:rollout_fraction=0.5,staleness=0"]
     assert (s.num_gpus == 8).all()
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["compare", "--bogus"], "No such option: --bogus"),
+    (["compare", "--gpus", "x"], "Invalid value for '--gpus'"),
+    (["report"], "Missing argument"),
+    (["nope"], "No such command 'nope'"),
+])
+def test_usage_errors_are_one_line(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rlsched: error: rlsched") and needle in err
+    assert "--help" in err

@@ -119,6 +119,14 @@ def test_recommended_toml_runs_unchanged_with_compare(tmp_path: Path) -> None:
     planned = res.ranking[res.ranking["recommended"]].iloc[0]
     assert math.isclose(row["steps_per_hour"], planned["steps_per_hour"], rel_tol=1e-9)
     assert set(summary["policy"]) == {res.recommended, "colocated"} or res.recommended == "colocated"
+    # The live host is its own table: the planned 16 GPUs are for the simulator.
+    assert cfg.live["gpus"] == 2
+    # `run` takes the recommendation (the first [[policy]]) when no --policy is given.
+    run_dir = tmp_path / "run"
+    assert main(["run", "--config", str(out / "recommended.toml"), "--out", str(run_dir)]) == 0
+    ran = pd.read_csv(run_dir / "summary.csv")
+    assert list(ran["policy"]) == [res.recommended]
+    assert math.isclose(ran["steps_per_hour"].item(), row["steps_per_hour"], rel_tol=1e-9)
 
 
 def test_same_seed_same_plan_whatever_the_workers(tmp_path: Path) -> None:

@@ -70,3 +70,16 @@ def test_step_column_selects_recorded_steps():
 def test_nonsense_counts_raise_config_error(kwargs):
     with pytest.raises(ConfigError):
         draw_batches(pool(), **kwargs)
+
+
+@pytest.mark.parametrize(("steps", "k"), [(1, 10**12), (10**9, 1), (10**4, 10**4)])
+def test_absurd_draw_counts_fail_at_once(steps, k):
+    """A mistyped count is one line, not a loop over billions of draws."""
+    with pytest.raises(ConfigError, match=r"would draw .* tasks; expected at most 10,000,000"):
+        draw_batches(pool(), num_steps=steps, tasks_per_step=k)
+
+
+def test_absurd_step_count_with_a_step_column_fails_at_once():
+    df = pool().assign(step=0)
+    with pytest.raises(ConfigError, match="steps=1,000,000,000: expected at most"):
+        draw_batches(validate_trace(df, "pool"), num_steps=10**9)

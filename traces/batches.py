@@ -25,6 +25,12 @@ class DrawnTrajectory(NamedTuple):
     trace_id: str
 
 
+#: Most task draws one run may ask for (steps x tasks per step): far above the reference
+#: system's scale (48 x 512), low enough that a mistyped count fails at once instead of
+#: building a list of billions of trajectories.
+MAX_TASK_DRAWS = 10_000_000
+
+
 def _check_count(name: str, value: int | None, *, allow_none: bool) -> None:
     if value is None and allow_none:
         return
@@ -105,6 +111,8 @@ def draw_batches(df: pd.DataFrame, num_steps: int, tasks_per_step: int | None = 
         step_values = np.unique(first["step"].to_numpy(dtype=np.int64))
         step_of = dict(zip(first["trajectory_id"].tolist(),
                            first["step"].to_numpy(dtype=np.int64).tolist(), strict=True))
+        if num_steps > MAX_TASK_DRAWS:
+            raise ConfigError(f"steps={num_steps:,}: expected at most {MAX_TASK_DRAWS:,}")
         for s in range(num_steps):
             value = int(step_values[s % len(step_values)])
             chosen: list[str] = []
@@ -121,6 +129,11 @@ def draw_batches(df: pd.DataFrame, num_steps: int, tasks_per_step: int | None = 
         return steps
 
     k = tasks_per_step if tasks_per_step is not None else max(1, len(order) // num_steps)
+    if num_steps * k > MAX_TASK_DRAWS:
+        raise ConfigError(
+            f"steps={num_steps} x tasks_per_step={k} would draw {num_steps * k:,} tasks; "
+            f"expected at most {MAX_TASK_DRAWS:,} (the trace has {len(order):,} tasks)"
+        )
     for s in range(num_steps):
         chosen = []
         for i in range(s * k, s * k + k):
