@@ -6,6 +6,12 @@ resource per GPU slot, runs the policy through :class:`~rlsched.real.live_driver
 and writes the run record (the simulator's format, ``meta.driver = "live"``) plus the
 trace it recorded (``trace.parquet``, the replay schema) into the run directory.
 
+After every optimizer step the run is made durable (``checkpoint.py``): the trainer's
+state, the record so far and a manifest. ``config["resume"]`` continues such a run from
+its last step: the same tasks are drawn (same seed), the trainer and the engines start
+from the checkpoint's weights, and the record is appended to (``meta.resumes`` says what
+was re-run).
+
 Importing this module without the ``[live]`` extra raises one :class:`LiveBackendError`
 line; the heavy libraries themselves are only imported when a run starts.
 """
@@ -16,8 +22,11 @@ import importlib.util
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from rlsched.cluster.errors import ConfigError, LiveBackendError
 
@@ -32,38 +41,58 @@ if _missing:
 Progress = Callable[[int, int, float], None]
 
 
-def run_live(policy_spec: str, *, steps: int, out_dir: Path, config: dict[str, Any] | None = None,
-             seed: int = 0, progress: Progress | None = None) -> Path:
+def run_live(policy_spec: str | None, *, steps: int | None, out_dir: Path,
+             config: dict[str, Any] | None = None, seed: int = 0, progress: Progress | None = None) -> Path:
     """Run ``policy_spec`` live for ``steps`` optimizer steps; write the record to ``out_dir``.
 
     ``config``: ``{"run": RunConfig | None, "live": dict (the [live] table), "force": bool,
-    "resume": bool}``. Returns ``out_dir``.
+    "resume": bool}``; ``seed`` overrides ``run.seed``. With ``resume``, ``out_dir`` is the run
+    to continue; ``policy_spec``, ``steps``, ``run`` and ``live`` left as None are taken from
+    its checkpoint (seed included), and given ones must equal it. Returns ``out_dir``.
     """
-    import pandas as pd
-
     from rlsched.cluster.config import RunConfig
-    from rlsched.cluster.record import RunRecorder
     from rlsched.policies import canonical_spec, make_policy
 
+    from . import checkpoint
     from .live_config import LiveSettings
 
     config = dict(config or {})
-    run = config.get("run") or RunConfig(gpus=2, tp=1, steps=steps, seed=seed)
+    out = Path(out_dir)
+    manifest = checkpoint.read_manifest(out) if config.get("resume") else None
+    recorded = (manifest or {}).get("config") or {}
+    run = config.get("run")
+    if run is None and manifest:
+        run = RunConfig(**recorded["run"])  # the run's own seed, too
+    elif run is None:
+        run = RunConfig(gpus=2, tp=1, steps=steps or 2, seed=seed)
+    elif isinstance(run, RunConfig):
+        run = replace(run, seed=seed)  # ``seed`` is the run's seed, as it always was
     if not isinstance(run, RunConfig):
         raise ConfigError(f"run_live: config['run'] must be a RunConfig, got {type(run).__name__}")
-    if config.get("resume"):
-        raise ConfigError("--resume: the live backend cannot resume a run yet; start a new run with --force")
-    policy = make_policy(policy_spec)
-    settings = LiveSettings.from_config(config.get("live"), tasks_per_step=run.tasks_per_step,
+    steps = steps if steps is not None else run.steps
+    live = config.get("live")
+    if live is None and manifest:
+        live = recorded.get("live")
+    spec = policy_spec if policy_spec is not None else (manifest or {}).get("policy")
+    if spec is None:
+        raise ConfigError("run --live: no policy given (--policy, or a [[policy]] entry in --config)")
+    policy = make_policy(spec)
+    settings = LiveSettings.from_config(live, tasks_per_step=run.tasks_per_step,
                                         samples_per_task=run.samples_per_task)
-    out = Path(out_dir)
-    _prepare_dir(out, force=bool(config.get("force")))
+    gpus, tp = settings.cluster(run.gpus, run.tp)
+    run = replace(run, steps=steps)
+    canonical = canonical_spec(policy)
+    fp = checkpoint.fingerprint(run, settings, gpus, tp)
+    resumed = checkpoint.load(out, manifest, policy=canonical, fp=fp) if manifest else None
+    if resumed is None:
+        _prepare_dir(out, force=bool(config.get("force")))
     t_wall = time.perf_counter()
-    setup, driver, complete, error = _Setup(run, settings, seed), None, False, None
-    recorder = RunRecorder(out)
+    ctx = _Run(out, run, settings, gpus, tp, seed=run.seed, policy=policy, spec=spec, canonical=canonical,
+               fp=fp, config=checkpoint.config_of(run, settings), resumed=resumed)
+    driver, complete, error = None, False, None
     try:
-        setup.prepare(steps, policy)
-        driver = setup.driver(policy, recorder, out, progress)
+        ctx.prepare(steps)
+        driver = ctx.driver(progress)
         complete = driver.run()
     except BaseException as exc:
         error = exc
@@ -73,14 +102,13 @@ def run_live(policy_spec: str, *, steps: int, out_dir: Path, config: dict[str, A
             if driver is not None:
                 driver.shutdown()
         finally:
-            setup.stop()
-            if driver is None:  # nothing ran: leave nothing behind
-                recorder.close(pd.DataFrame(), pd.DataFrame(), {})
-                shutil.rmtree(out, ignore_errors=True)
+            ctx.stop()
+            if driver is None:
+                if resumed is None:  # nothing ran: leave nothing behind
+                    shutil.rmtree(out, ignore_errors=True)
             else:
-                _write_record(out, recorder, setup, driver, policy, policy_spec, canonical_spec(policy),
-                              complete=complete and error is None, wall=time.perf_counter() - t_wall,
-                              error=error)
+                ctx.write(driver, complete=complete and error is None,
+                          wall=time.perf_counter() - t_wall, error=error)
     return out
 
 
@@ -89,32 +117,99 @@ def _prepare_dir(out: Path, *, force: bool) -> None:
         raise ConfigError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()):
         if not force:
-            raise ConfigError(f"{out}: directory is not empty; pass --force to replace it")
+            raise ConfigError(f"{out}: directory is not empty; pass --force to replace it "
+                              "(or --resume to continue a live run stopped after a step)")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
 
 
+def make_env(settings: Any) -> Any:
+    """A fresh environment as the ``[live]`` settings describe it (one per trajectory)."""
+    from .env import make_environment
+
+    s = settings
+    kw: dict[str, Any] = {}
+    if s.env == "coding":
+        from .sandbox import Limits
+
+        limits = Limits(wall_seconds=s.tool_seconds, cpu_seconds=max(1, min(10, int(s.tool_seconds))))
+        kw = {"max_turns": s.max_turns, "isolation": s.isolation, "limits": limits}
+    return make_environment(s.env, **kw)
+
+
 class _Setup:
-    """Builds what a run needs (checkpoint, tasks, cluster, trainer lane) and stops it."""
+    """Kept for ``real/calibrate.py`` (it builds environments this way); use :func:`make_env`."""
 
     def __init__(self, run: Any, settings: Any, seed: int) -> None:
         self.run, self.settings, self.seed = run, settings, seed
+
+    def make_env(self) -> Any:
+        return make_env(self.settings)
+
+
+class _Run:
+    """Builds what a run needs (checkpoint, tasks, cluster, trainer lane), writes its record
+    (after each step and at the end) and stops it."""
+
+    def __init__(self, out: Path, run: Any, settings: Any, gpus: int, tp: int, *, seed: int, policy: Any,
+                 spec: str, canonical: str, fp: dict, config: dict, resumed: Any) -> None:
+        self.out, self.run, self.settings, self.gpus, self.tp, self.seed = out, run, settings, gpus, tp, seed
+        self.policy, self.spec, self.canonical, self.fp, self.config = policy, spec, canonical, fp, config
+        self.resumed = resumed  # checkpoint.Resumed | None
+        self.base = resumed.version if resumed else 0
         self.cluster: Any = None
         self.model_dir: Path | None = None
         self.state: Any = None
         self.trajs: dict = {}
-        self.batches: list = []
+        self.num_steps = 0
+        self.rerun: list[str] = []  # trajectories a resume runs again from scratch
+        self.driver_: Any = None
+        self.t_wall = time.perf_counter()
 
-    def prepare(self, steps: int, policy: Any) -> None:
+    # ------------------------------------------------------------------- set-up
+    def prepare(self, steps: int) -> None:
         from rlsched.cluster.state import ClusterState
 
-        from .agent_loop import AgentTrajectory
         from .ray_cluster import check_capacity
         from .tiny_model import resolve_model
 
         s = self.settings
-        check_capacity(self.run.gpus, self.run.tp)
+        check_capacity(self.gpus, self.tp)
         self.model_dir = resolve_model(s.model, s.cache_path(), seed=self.seed)
+        tasks = self._task_ids()
+        settled = self.resumed.settled_ids() if self.resumed else set()
+        batches, k, index = [], 0, 0
+        carried = []  # (tid, task, step): a step before the checkpoint left it unsettled
+        for step in range(steps):
+            batch = []
+            for _ in range(s.tasks_per_step):
+                task = tasks[k % len(tasks)]
+                k += 1
+                for j in range(s.samples_per_task):
+                    tid, index = f"s{step}-{task}-{j}", index + 1
+                    if tid in settled:
+                        continue
+                    entry = (tid, task, step, self.seed * 1_000_003 + index - 1)
+                    (batch if step >= self.base else carried).append(entry)
+            if step >= self.base:
+                batches.append(batch)
+        if batches and carried:
+            batches[0] = carried + batches[0]  # re-run with the first step resumed
+        self.num_steps = steps
+        self._add(batches)
+        self.rerun = [tid for b in batches for tid, *_ in b] if self.resumed else []
+        self.state = ClusterState(self.gpus, self.tp, [[(t, task) for t, task, *_ in b] for b in batches],
+                                  self.policy.max_staleness)
+
+    def _add(self, batches: list) -> None:
+        from .agent_loop import AgentTrajectory
+
+        for batch in batches:
+            for tid, task, step, tseed in batch:
+                self.trajs[tid] = AgentTrajectory(tid, task, step, seed=tseed)
+
+    def _task_ids(self) -> list[str]:
+        s = self.settings
         env = self.make_env()
         try:
             tasks = list(env.task_ids())
@@ -127,61 +222,153 @@ class _Setup:
             tasks = list(s.tasks)
         if not tasks:
             raise ConfigError(f"environment {s.env!r} has no tasks")
-        k = 0
-        for step in range(steps):
-            batch = []
-            for _ in range(s.tasks_per_step):
-                task = tasks[k % len(tasks)]
-                k += 1
-                for j in range(s.samples_per_task):
-                    tid = f"s{step}-{task}-{j}"
-                    batch.append((tid, task))
-                    self.trajs[tid] = AgentTrajectory(tid, task, step, seed=self.seed * 1_000_003 + len(self.trajs))
-            self.batches.append(batch)
-        self.state = ClusterState(self.run.gpus, self.run.tp, self.batches, policy.max_staleness)
+        return tasks
 
     def make_env(self) -> Any:
-        from .env import make_environment
+        return make_env(self.settings)
 
-        s = self.settings
-        kw: dict[str, Any] = {}
-        if s.env == "coding":
-            from .sandbox import Limits
-
-            limits = Limits(wall_seconds=s.tool_seconds, cpu_seconds=max(1, min(10, int(s.tool_seconds))))
-            kw = {"max_turns": s.max_turns, "isolation": s.isolation, "limits": limits}
-        return make_environment(s.env, **kw)
-
-    def driver(self, policy: Any, recorder: Any, out: Path, progress: Progress | None) -> Any:
+    def driver(self, progress: Progress | None) -> Any:
+        from . import checkpoint
         from .agent_loop import Codec
         from .engine import EngineSettings
         from .live_driver import LiveDriver
+        from .live_recorder import MemoryRecorder
         from .live_trainer import TrainerLane
         from .ray_cluster import start_cluster
         from .weights import WeightStore
 
-        s = self.settings
-        self.cluster = start_cluster(self.run.gpus, object_store_mb=s.object_store_mb)
-        tied = _tied(self.model_dir)
+        s, r = self.settings, self.resumed
+        self.cluster = start_cluster(self.gpus, object_store_mb=s.object_store_mb)
         engine_settings = EngineSettings(
             str(self.model_dir), max_model_len=s.max_model_len, max_num_seqs=s.max_num_seqs,
             kv_cache_mb=s.kv_cache_mb, threads=s.engine_threads, seed=self.seed,
-            tp=self.run.tp if self.cluster.gpus else 1,
+            tp=self.tp if self.cluster.gpus else 1,
             dtype="auto" if self.cluster.gpus else "float32",
         )
+        store = WeightStore(tied=_tied(self.model_dir))
+        if r is not None:
+            checkpoint.publish_weights(r.trainer, store, r.version)
         lane = TrainerLane(str(self.model_dir), seed=self.seed, lr=s.lr, threads=s.trainer_threads,
-                           ckpt_dir=out, weights=WeightStore(tied=tied))
-        return LiveDriver(
-            policy=policy, state=self.state, trajs=self.trajs, settings=s, engine_settings=engine_settings,
-            codec=Codec(self.model_dir), cluster=self.cluster, lane=lane, recorder=recorder,
+                           ckpt_dir=self.out, weights=store,
+                           checkpoints=lambda v: checkpoint.step_dir(self.out, v),
+                           restore=r.trainer if r else None, version=self.base)
+        rec = MemoryRecorder(self.base, r.record.events if r else None, r.record.intervals if r else None)
+        self.driver_ = LiveDriver(
+            policy=self.policy, state=self.state, trajs=self.trajs, settings=s, engine_settings=engine_settings,
+            codec=Codec(self.model_dir), cluster=self.cluster, lane=lane, recorder=rec,
             make_env=self.make_env, seed=self.seed, progress=progress,
+            base=self.base, t_offset=r.time if r else 0.0, on_step=self.checkpoint,
         )
+        if r is not None:
+            started = set(r.record.trajectories.query("dispatches > 0")["trajectory"]) & set(self.rerun)
+            rec.event(r.time, "Resume", version=0,
+                      detail=f"from version {r.version}: {len(self.rerun)} trajectories run from scratch "
+                             f"({len(started)} of them had started before the checkpoint)")
+            for tid in sorted(started):
+                rec.event(r.time, "Note", trajectory=tid, detail="re-run from scratch after resume")
+        return self.driver_
 
     def stop(self) -> None:
         from .ray_cluster import stop_cluster
 
         if self.cluster is not None:
             stop_cluster()
+
+    # ------------------------------------------------------------------ record
+    def checkpoint(self) -> None:
+        """After an optimizer step: the record so far next to the trainer's checkpoint,
+        then the manifest (the step is durable), then the record in the run directory."""
+        from . import checkpoint
+
+        d = self.driver_
+        version = self.base + d.st.version
+        d.timeline.close_all(d.now())  # intervals up to now; the open ones continue from here
+        folder = checkpoint.step_dir(self.out, version)
+        self._write(folder, d, complete=version >= self.num_steps, wall=time.perf_counter() - self.t_wall,
+                    error=None, close=False)
+        checkpoint.save(self.out, version, policy=self.canonical, num_steps=self.num_steps, fp=self.fp,
+                        config=self.config, time=d.now())
+        checkpoint.publish_record(self.out, version)
+
+    def write(self, driver: Any, *, complete: bool, wall: float, error: BaseException | None) -> None:
+        self._write(self.out, driver, complete=complete, wall=wall, error=error, close=True)
+
+    def _write(self, folder: Path, driver: Any, *, complete: bool, wall: float, error: BaseException | None,
+               close: bool) -> None:
+        from .live_record import steps_table, trace_frame, trajectory_table, write_trace
+
+        makespan = driver.now()
+        if close:
+            driver.timeline.close_all(makespan)
+        r = self.resumed
+        trajs = trajectory_table(self.state, self.trajs, driver.trained_tokens, self.base)
+        trace = trace_frame(self.trajs.values(), self.base)
+        steps = steps_table(driver.steps)
+        prior: dict[str, Any] = {}
+        if r is not None:
+            trajs = _merge_rerun(r.record.trajectories, trajs)
+            trajs = pd.concat([r.settled(), trajs], ignore_index=True)
+            trace = pd.concat([r.settled_trace(), trace], ignore_index=True)
+            steps = pd.concat([r.record.steps, steps], ignore_index=True)
+            prior = r.record.meta
+        folder.mkdir(parents=True, exist_ok=True)
+        trace_path = write_trace(trace, folder / "trace.parquet")
+        resumes = list(prior.get("resumes", []))
+        if r is not None:
+            resumes.append({"from_version": r.version, "at_seconds": r.time, "rerun": self.rerun})
+        meta = {
+            "driver": "live",
+            "policy": self.canonical,
+            "spec_as_given": self.spec,
+            "policy_name": self.policy.name,
+            "num_gpus": self.gpus,
+            "tp": self.tp,
+            "num_steps": self.num_steps,
+            "steps_done": self.base + self.state.version,
+            "complete": complete,
+            "makespan_seconds": makespan,
+            "lower_bound_seconds": None,
+            "max_staleness_bound": self.policy.max_staleness,
+            "seed": self.seed,
+            "config": {**self.config["run"], "gpus": self.gpus, "tp": self.tp},  # the cluster that ran
+            "live": self.config["live"],
+            "model_dir": str(self.model_dir) if self.model_dir else None,
+            "slots_on_gpus": bool(self.cluster.gpus) if self.cluster else False,
+            "ray_start_seconds": self.cluster.start_seconds if self.cluster else None,
+            "trace": str(trace_path.name) if trace_path else None,
+            "wall_seconds": wall + float(prior.get("wall_seconds") or 0.0),
+            "events_processed": driver.events_processed + int(prior.get("events_processed") or 0),
+            "measurements": _merge_measurements(prior.get("measurements") or {}, _measurements(driver)),
+            "resumes": resumes,
+            "error": (str(error).splitlines() or [type(error).__name__])[0][:300] if error else None,
+        }
+        driver.rec.write(folder, trajs, steps, meta)
+
+
+def _merge_rerun(before: pd.DataFrame, now: pd.DataFrame) -> pd.DataFrame:
+    """Rows of re-run trajectories also count what their attempt before the checkpoint had
+    dispatched and generated (wasted now: that attempt was thrown away)."""
+    if before.empty or now.empty:
+        return now
+    old = before.set_index("trajectory")
+    now = now.copy()
+    hit = now["trajectory"].isin(old.index)
+    if hit.any():
+        prev = old.loc[now.loc[hit, "trajectory"]]
+        now.loc[hit, "dispatches"] += prev["dispatches"].to_numpy()
+        now.loc[hit, "wasted_tokens"] += (prev["output_tokens"] + prev["wasted_tokens"]).to_numpy()
+    return now
+
+
+def _merge_measurements(prior: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    out = dict(now)
+    for k, v in prior.items():
+        if (isinstance(v, list) and isinstance(now.get(k), list)) or (
+                isinstance(v, int | float) and isinstance(now.get(k), int | float)):
+            out[k] = v + now[k]
+        elif isinstance(v, dict) and isinstance(now.get(k), dict):
+            out[k] = {s: v.get(s, 0.0) + now[k].get(s, 0.0) for s in {*v, *now[k]}}
+    return out
 
 
 def _tied(model_dir: Path | None) -> bool:
@@ -193,44 +380,6 @@ def _tied(model_dir: Path | None) -> bool:
         return bool(json.loads((model_dir / "config.json").read_text()).get("tie_word_embeddings", False))
     except (OSError, ValueError):
         return False
-
-
-def _write_record(out: Path, recorder: Any, setup: _Setup, driver: Any, policy: Any, spec: str,
-                  canonical: str, *, complete: bool, wall: float, error: BaseException | None) -> None:
-    from .live_record import steps_table, trajectory_table, write_trace
-
-    run, s = setup.run, setup.settings
-    makespan = driver.now()
-    driver.timeline.close_all(makespan)
-    trajs = trajectory_table(setup.state, setup.trajs, driver.trained_tokens)
-    steps = steps_table(driver.steps)
-    trace = write_trace(setup.trajs.values(), out / "trace.parquet")
-    meta = {
-        "driver": "live",
-        "policy": canonical,
-        "spec_as_given": spec,
-        "policy_name": policy.name,
-        "num_gpus": run.gpus,
-        "tp": run.tp,
-        "num_steps": len(setup.batches),
-        "steps_done": setup.state.version,
-        "complete": complete,
-        "makespan_seconds": makespan,
-        "lower_bound_seconds": None,
-        "max_staleness_bound": policy.max_staleness,
-        "seed": setup.seed,
-        "config": {k: getattr(run, k) for k in run.__dataclass_fields__},
-        "live": {k: getattr(s, k) for k in s.__dataclass_fields__},
-        "model_dir": str(setup.model_dir) if setup.model_dir else None,
-        "slots_on_gpus": bool(setup.cluster.gpus) if setup.cluster else False,
-        "ray_start_seconds": setup.cluster.start_seconds if setup.cluster else None,
-        "trace": str(trace.name) if trace else None,
-        "wall_seconds": wall,
-        "events_processed": driver.events_processed,
-        "measurements": _measurements(driver),
-        "error": (str(error).splitlines() or [type(error).__name__])[0][:300] if error else None,
-    }
-    recorder.close(trajs, steps, meta)
 
 
 def _measurements(driver: Any) -> dict[str, Any]:

@@ -4,6 +4,11 @@ Why a separate table: the simulator's ``[run]``/``[cluster]`` keys (GPUs, tp, st
 tasks and samples per step, seed) mean the same thing live; everything only the live
 backend needs (the checkpoint, the environment, generation limits, engine memory, the
 learning rate) lives here, so a typo is an error and never a silent default.
+
+``gpus``/``tp`` describe the *live host* when it differs from the planned cluster: a
+``recommended.toml`` from ``rlsched plan`` keeps ``[cluster] gpus = 64`` (what ``compare``
+simulates) while ``[live] gpus = 2`` is what this machine can run. Absent (0), the live run
+uses ``[cluster]``. Command-line ``--gpus``/``--tp`` override both.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class LiveSettings:
     start_timeout_s: float = 600.0  # an engine/trainer must start within this
     max_wall_s: float = 3600.0  # stop (incomplete) after this long
     object_store_mb: int = 256
+    gpus: int = 0  # GPU slots of the live host; 0: [cluster] gpus
+    tp: int = 0  # GPUs per live engine; 0: [cluster] tp
 
     @classmethod
     def from_config(cls, live: dict[str, Any] | None, *, tasks_per_step: int | None = None,
@@ -73,12 +80,28 @@ class LiveSettings:
         for name in ("lr", "step_slice_s", "start_timeout_s", "max_wall_s", "tool_seconds"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"[live] {name}={getattr(self, name)!r}: expected a number > 0")
+        for name in ("gpus", "tp"):
+            v = getattr(self, name)
+            if v < 0:
+                raise ConfigError(f"[live] {name}={v!r}: expected an integer >= 1 (or leave it out to use [cluster] {name})")
         if self.temperature < 0:
             raise ConfigError(f"[live] temperature={self.temperature!r}: expected >= 0")
         if self.max_tokens_per_turn >= self.max_model_len:
             raise ConfigError(
                 f"[live] max_tokens_per_turn={self.max_tokens_per_turn} must be below max_model_len={self.max_model_len}"
             )
+
+    def cluster(self, gpus: int, tp: int) -> tuple[int, int]:
+        """The live (gpus, tp): ``[live]`` where set, else the ``[cluster]`` values given.
+
+        Checked here, naming ``[live]``, because the planned cluster's ``tp`` (say 4) may not
+        fit the live host's slots (say 2) and the fix is a ``[live]`` key, not ``[cluster]``."""
+        g, t = self.gpus or gpus, self.tp or tp
+        src = "[live]" if self.gpus or self.tp else "[cluster]"
+        if t < 1 or g % t or g // t < 2:
+            fix = "set [live] tp = 1" if self.gpus and not self.tp else "use gpus a multiple of tp with at least two engines"
+            raise ConfigError(f"{src} gpus={g}, tp={t}: a live run needs gpus = tp x (2 or more engines); {fix}")
+        return g, t
 
     def cache_path(self) -> Path:
         if self.cache_dir:

@@ -16,6 +16,9 @@ from rlsched.cluster.record import RunRecorder
 from rlsched.cluster.state import ClusterState
 
 from .agent_loop import AgentTrajectory
+from .live_recorder import MemoryRecorder, replace_durably
+
+RecorderLike = RunRecorder | MemoryRecorder
 
 STEP_COLUMNS = ["version", "time", "trajectories", "trained_tokens", "train_seconds", "max_staleness"]
 TRAJECTORY_COLUMNS = [
@@ -28,9 +31,9 @@ TRAJECTORY_COLUMNS = [
 class GpuTimeline:
     """Per-GPU state with wall-clock start times; every change closes an interval."""
 
-    def __init__(self, num_gpus: int, recorder: RunRecorder) -> None:
+    def __init__(self, num_gpus: int, recorder: RecorderLike, start: float = 0.0) -> None:
         self.state = [GpuState.IDLE] * num_gpus
-        self.since = [0.0] * num_gpus
+        self.since = [start] * num_gpus
         self.step = [-1] * num_gpus
         self.rec = recorder
         self.seconds: dict[str, float] = {}
@@ -54,14 +57,21 @@ class GpuTimeline:
             self.since[g] = now
 
 
-def trajectory_table(st: ClusterState, trajs: dict[str, AgentTrajectory], trained: dict[str, int]) -> pd.DataFrame:
+def trajectory_table(st: ClusterState, trajs: dict[str, AgentTrajectory], trained: dict[str, int],
+                     base: int = 0) -> pd.DataFrame:
+    """One row per trajectory; ``base`` (a resumed run's first version) is added to its
+    step and versions, which the driver counts from 0."""
+
+    def b(x: int) -> int:
+        return x + base if x >= 0 else x
+
     rows = []
     for tid, ts in st.trajs.items():
         t = trajs[tid]
         rows.append((
-            tid, ts.task_id, ts.step, ts.status.value,
+            tid, ts.task_id, b(ts.step), ts.status.value,
             ts.finish_status.value if ts.finish_status else "",
-            ts.dispatch_time, ts.finish_time, ts.trained_version, ts.min_version, ts.max_version,
+            ts.dispatch_time, ts.finish_time, b(ts.trained_version), b(ts.min_version), b(ts.max_version),
             t.turns_done, ts.turns_done, t.prompt_tokens, t.output_tokens,
             trained.get(tid, 0) if ts.status is TrajStatus.TRAINED else 0,
             t.wasted + (t.output_tokens if ts.status is TrajStatus.DROPPED else 0),
@@ -77,19 +87,30 @@ def steps_table(steps: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(steps, columns=STEP_COLUMNS)
 
 
-def write_trace(trajs: Iterable[AgentTrajectory], path: Path) -> Path | None:
+def trace_frame(trajs: Iterable[AgentTrajectory], base: int = 0) -> pd.DataFrame:
+    """The turns of ``trajs`` in the replay schema; ``base`` is added to the versions (a
+    trajectory's ``step`` is already the run's)."""
+    rows = [r for t in trajs for r in t.trace_rows()]
+    df = pd.DataFrame(rows)
+    if base and len(df):
+        df["policy_version"] = df["policy_version"] + base
+    return df
+
+
+def write_trace(trace: pd.DataFrame, path: Path) -> Path | None:
     """The turns the run produced, in the replay schema (DESIGN.md, Traces); trajectories
     that never finished a turn have no rows. Returns None when there is nothing to write."""
     from rlsched.traces.load import write_trace as write
 
-    rows = [r for t in trajs for r in t.trace_rows()]
-    if not rows:
+    if trace.empty:
         return None
-    df = pd.DataFrame(rows)
+    df = trace.reset_index(drop=True)
     df["turn"] = df["turn"].astype(np.int64)
     for c in ("prompt_tokens", "output_tokens", "step", "policy_version"):
         df[c] = df[c].astype(np.int64)
     df["env_seconds"] = df["env_seconds"].astype(np.float64)
     df["reward"] = df["reward"].astype(np.float64)
     df["truncated"] = df["truncated"].astype(bool)
-    return write(df, path)
+    tmp = write(df, path.parent / f".{path.stem}.tmp{path.suffix}")
+    replace_durably(tmp, path)  # a reader sees the previous trace or this one, whole
+    return path

@@ -11,11 +11,18 @@ AdamW state go to disk, as an offload would -- and restored when GPUs come back.
 After every optimizer step the new weights are exported and published to Ray's object
 store (:class:`~rlsched.real.weights.WeightStore`) before the step is reported, so a
 ``SyncWeights`` or a new engine always finds the version the trainer holds.
+
+With ``checkpoints`` set, every optimizer step also saves the trainer (weights, AdamW state,
+version) into that step's checkpoint folder before the step is reported, so the driver can
+make the step durable (``checkpoint.py``); ``restore`` is such a file, loaded when the
+trainer first starts in a resumed run.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,15 +32,18 @@ from .weights import WeightStore
 
 class TrainerLane:
     def __init__(self, model_dir: str, *, seed: int, lr: float, threads: int, ckpt_dir: Path,
-                 weights: WeightStore) -> None:
+                 weights: WeightStore, checkpoints: Callable[[int], Path] | None = None,
+                 restore: Path | None = None, version: int = 0) -> None:
         self.model_dir = model_dir
         self.seed, self.lr, self.threads = seed, lr, threads
-        self.ckpt = ckpt_dir / "trainer.pt"
+        self.ckpt = ckpt_dir / "trainer.pt"  # the offload file
         self.weights = weights
+        self.checkpoints = checkpoints  # version -> that step's checkpoint folder
+        self.restore = restore
         self.group: Any = None  # rlsched.real.trainer.TrainerGroup
         self.has_ckpt = False
         self.pending_tokens = 0
-        self.version = 0
+        self.version = version
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlsched-trainer")
 
     # ----------------------------------------------------------- membership
@@ -54,9 +64,9 @@ class TrainerLane:
             self.group = TrainerGroup(self.model_dir, slots, seed=self.seed, lr=self.lr,
                                       threads_per_rank=self.threads)
             action = "start"
-            if self.has_ckpt:
-                self.group.load_checkpoint(self.ckpt)
-                action = "restore"
+            if self.has_ckpt or self.restore is not None:
+                self.group.load_checkpoint(self.ckpt if self.has_ckpt else self.restore)
+                self.restore, action = None, "restore"  # later starts load the offload file
         else:
             self.group.resize(slots)
         return {"action": action, "world": len(slots), "seconds": time.perf_counter() - t0}
@@ -88,10 +98,17 @@ class TrainerLane:
         self.pending_tokens = 0
         t1 = time.perf_counter()
         pub = self.weights.publish(self.group.export_hf_state_dict(), self.version)
+        t2 = time.perf_counter()
+        if self.checkpoints is not None:
+            target = self.checkpoints(self.version) / "trainer.pt"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name("trainer.pt.tmp")
+            self.group.save_checkpoint(tmp)
+            os.replace(tmp, target)
         return {
             "version": self.version, "empty": empty, "step_seconds": t1 - t0,
-            "export_seconds": time.perf_counter() - t1, "nbytes": pub.nbytes,
-            "seconds": time.perf_counter() - t0,
+            "export_seconds": t2 - t1, "nbytes": pub.nbytes,
+            "checkpoint_seconds": time.perf_counter() - t2, "seconds": time.perf_counter() - t0,
         }
 
     def shutdown(self) -> None:

@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-policy_app = typer.Typer(help="List policies and check them against the contract.", no_args_is_help=True)
+policy_app = typer.Typer(help="List policies and check them against the contract.", no_args_is_help=True,
+                         rich_markup_mode=None)
 
 
 @policy_app.command("list")

@@ -114,10 +114,11 @@ def run_cmd(
 
     if policy is None:
         policies = load_config(config).policies if config is not None else ()
-        if not policies:
+        if not policies and not (live and resume):  # a resume can take the run's own policy
             raise ConfigError("run: give --policy NAME[:key=value,...] or a --config with a [[policy]] entry")
-        policy = policies[0]
-    make_policy(policy)  # one-line error for a bad spec before anything starts
+        policy = policies[0] if policies else None
+    if policy is not None:
+        make_policy(policy)  # one-line error for a bad spec before anything starts
     if live:
         cfg = load_config(config) if config is not None else ConfigFile()
         if trace is not None:
@@ -128,8 +129,17 @@ def run_cmd(
             raise ConfigError(
                 f"the live backend is not available ({exc}); install it with .ci/install-live"
             ) from None
-        run = cfg.run.with_overrides(gpus=gpus, tp=tp, steps=steps, seed=seed)
-        path = run_live(policy, steps=run.steps, out_dir=out, config={"run": run, "live": cfg.live, "force": force, "resume": resume}, seed=run.seed)
+        if resume and config is None:  # continue with the run's own settings (its checkpoint has them)
+            if gpus is not None or tp is not None or seed is not None:
+                raise ConfigError("--resume without --config continues with the run's own settings; drop --gpus/--tp/--seed")
+            path = run_live(policy, steps=steps, out_dir=out, config={"run": None, "live": None, "resume": True})
+            typer.echo(f"live run written to {path}")
+            return
+        run = cfg.run.with_overrides(steps=steps, seed=seed)
+        # --gpus/--tp name the live host, so they win over [live] gpus/tp as well as [cluster]
+        # (through the [live] table: a planned tp=4 need not divide the host's 2 slots)
+        live_table = {**cfg.live, **{k: v for k, v in (("gpus", gpus), ("tp", tp)) if v is not None}}
+        path = run_live(policy, steps=run.steps, out_dir=out, config={"run": run, "live": live_table, "force": force, "resume": resume}, seed=run.seed)
         typer.echo(f"live run written to {path}")
         return
     if resume:

@@ -27,6 +27,7 @@ trace_app = typer.Typer(
     help="Make, inspect and validate rollout traces (one row per agent turn).",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,
 )
 
 #: Above this many trajectories, ``gen`` shows a progress spinner on stderr.

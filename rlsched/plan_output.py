@@ -80,6 +80,7 @@ def _table(name: str, items: Mapping[str, Any]) -> list[str]:
 #: ``rlsched run --config recommended.toml --live`` works on any machine. Edit it on a GPU host.
 LIVE_HOST_DEFAULTS: dict[str, Any] = {
     "gpus": 2,
+    "tp": 1,
     "tasks_per_step": 2,
     "samples_per_task": 2,
     "max_turns": 3,

@@ -121,3 +121,10 @@ def test_usage_errors_are_one_line(argv, needle, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("rlsched: error: rlsched") and needle in err
     assert "--help" in err
+
+
+def test_help_shows_config_tables_literally(capsys):
+    """Help text names TOML tables in brackets; no markup engine may eat them."""
+    assert main(["run", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "[cluster] [run] [cost] [[policy]]" in out and "first [[policy]]" in out

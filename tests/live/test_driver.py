@@ -4,6 +4,8 @@ in the simulator's formats."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytestmark = pytest.mark.live
@@ -43,6 +45,9 @@ def test_elastic_two_steps_live(tiny_cache, tmp_path) -> None:
     assert set(tr["status"]) == {"trained"}  # nothing lost, nothing dropped
     assert (tr["trained_tokens"] > 0).all() and (tr["output_tokens"] > 0).all()
     assert list(rec.steps["version"]) == [1, 2]
+    manifest = json.loads((out / "checkpoint" / "manifest.json").read_text())
+    assert (manifest["version"], manifest["dir"]) == (2, "v0002")  # the last step is durable
+    assert sorted(p.name for p in (out / "checkpoint").iterdir()) == ["manifest.json", "v0002"]
     kinds = rec.events["kind"]
     roles = rec.events.loc[kinds == "RolesChanged", "detail"].tolist()
     assert any(r.startswith("train") for r in roles) and any(r.startswith("rollout") for r in roles)
@@ -79,3 +84,40 @@ def test_unknown_live_key_is_a_config_error(tiny_cache, tmp_path) -> None:
 
     with pytest.raises(ConfigError, match="did you mean 'max_turns'"):
         run_live("colocated", steps=1, out_dir=tmp_path / "run", config=_config(tiny_cache, max_turn=2))
+
+
+def test_planned_cluster_config_runs_on_the_live_host(tiny_cache, tmp_path) -> None:
+    """#10's promotion: a config shaped like ``rlsched plan``'s ``recommended.toml`` -- the
+    planned 64-GPU cluster in ``[cluster]``, the live host in ``[live]``, policies tuned
+    for 64 GPUs -- runs as written with ``run --config X --live --steps 2`` (no --policy:
+    the first ``[[policy]]``). A rollout fraction of 0.375 of two slots still keeps one
+    engine on each side."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rlsched.analysis.load import check_record
+    from rlsched.cluster.record import read_run
+
+    cfg = tmp_path / "recommended.toml"
+    cfg.write_text(
+        "[cluster]\ngpus = 64\ntp = 4\n\n[run]\nsteps = 8\ntasks_per_step = 16\nsamples_per_task = 8\n\n"
+        "[live]\ngpus = 2\ntp = 1\ntasks = [\"fix-clamp\", \"fix-last-item\"]\ntasks_per_step = 2\n"
+        "samples_per_task = 2\nmax_turns = 2\nmax_tokens_per_turn = 16\nkv_cache_mb = 64\ntool_seconds = 5.0\n"
+        f"max_wall_s = 900.0\ncache_dir = {json.dumps(str(tiny_cache))}\n\n"
+        "[[policy]]\nspec = \"async:rollout_fraction=0.375,staleness=1\"  # recommended\n\n"
+        "[[policy]]\nspec = \"elastic:staleness=1,min_engines=4\"  # for comparison\n"
+    )
+    out = tmp_path / "run"
+    rlsched = str(Path(sys.executable).with_name("rlsched"))
+    res = subprocess.run([rlsched, "run", "--config", str(cfg), "--live", "--steps", "2", "--out", str(out)],
+                         capture_output=True, text=True, timeout=1500)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rec = read_run(out)
+    check_record(rec)
+    m = rec.meta
+    assert m["complete"] and m["steps_done"] == 2 and m["num_gpus"] == 2 and m["tp"] == 1
+    assert m["policy"].startswith("async:")
+    assert len(rec.trajectories) == 8 and set(rec.trajectories["status"]) == {"trained"}
+    roles = rec.events.loc[rec.events["kind"] == "RolesChanged", "detail"].tolist()
+    assert "rollout 0" in roles and "train 1" in roles  # one engine each side of the split
