@@ -37,8 +37,17 @@ def build_app() -> typer.Typer:
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
+        rich_markup_mode=None,  # help text shows [cluster], [[policy]] literally
     )
-    from rlsched import cli_import, cli_plan, cli_policy, cli_report, cli_run, cli_trace
+    from rlsched import (
+        cli_calibrate,
+        cli_import,
+        cli_plan,
+        cli_policy,
+        cli_report,
+        cli_run,
+        cli_trace,
+    )
 
     cli_run.register(app)
     cli_plan.register(app)
@@ -46,6 +55,7 @@ def build_app() -> typer.Typer:
     cli_import.register(cli_trace.trace_app)
     app.add_typer(cli_trace.trace_app, name="trace")
     cli_report.register(app)
+    cli_calibrate.register(app)
     return app
 
 

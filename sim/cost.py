@@ -76,9 +76,14 @@ class CostModel:
         for f in fields(self):
             v = getattr(self, f.name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-                raise ConfigError(f"cost model: {f.name}={v!r}: expected a finite number")
+                raise ConfigError(f"cost model: {f.name}={_short(v)}: expected a finite number")
             if v < 0 or (v == 0 and f.name not in _MAY_BE_ZERO):
-                raise ConfigError(f"cost model: {f.name}={v!r}: must be > 0")
+                raise ConfigError(f"cost model: {f.name}={_short(v)}: must be > 0")
+            lo, hi, unit = _RANGES[f.name]
+            if (v != 0 and v < lo) or v > hi:
+                raise ConfigError(
+                    f"cost model: {f.name}={_short(v)}: expected {unit} in [{lo:g}, {hi:g}]"
+                )
         if self.kv_capacity_tokens(1) < 1 and self.kv_capacity_tokens(8) < 1:
             raise ConfigError("cost model: the model's weights do not fit in GPU memory")
 
@@ -138,7 +143,9 @@ class CostModel:
                 hint = f" (did you mean {near[0]}?)" if near else ""
                 raise ConfigError(f"{source}: unknown cost-model field {k!r}{hint}")
             if isinstance(v, bool) or not isinstance(v, int | float):
-                raise ConfigError(f"{source}: {k}={v!r}: expected a number")
+                raise ConfigError(f"{source}: {k}={_short(v)}: expected a number")
+            if isinstance(v, int) and abs(v) > _MAX_WHOLE:  # float(v) would overflow
+                raise ConfigError(f"{source}: {k}={_short(v)}: number out of range")
             clean[k] = int(v) if known[k].type in ("int", int) and float(v).is_integer() else v
         try:
             return replace(self, **clean)
@@ -152,10 +159,15 @@ class CostModel:
             text = p.read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{p}: cannot read cost model ({exc.__class__.__name__})") from None
+        kind = p.suffix.lstrip(".").upper() if p.suffix == ".json" else "TOML"
         try:
             data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
         except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"{p}: not valid {p.suffix.lstrip('.') or 'TOML'}: {exc}") from None
+            raise ConfigError(f"{p}: not valid {kind}: {str(exc).splitlines()[0]}") from None
+        except RecursionError:
+            raise ConfigError(f"{p}: not a usable cost model: values are nested too deeply") from None
+        except ValueError as exc:  # an integer past Python's 4300-digit conversion limit
+            raise ConfigError(f"{p}: not a usable cost model: {str(exc).splitlines()[0]}") from None
         if isinstance(data, dict) and isinstance(data.get("cost"), dict):
             data = data["cost"]
         if not isinstance(data, dict):
@@ -166,3 +178,44 @@ class CostModel:
 _MAY_BE_ZERO = frozenset(
     {"decode_overhead_s", "sync_latency_s", "switch_s", "optimizer_step_s"}
 )
+_MAX_WHOLE = 10**30  # larger whole numbers in a cost file are typos, not hardware
+_MAX_SECONDS = 1e6  # ~12 days for one switch, sync or step: beyond it the clock stalls
+# Accepted ranges per field: wide enough for any real device and for the hand-sized test
+# models (1e-9 KV bytes, 1e21 FLOP/s to make a term vanish), narrow enough that the
+# simulator's arithmetic stays finite and its clock keeps moving (1e-300 B/s made a rate
+# of zero, 1e308 s of switch time stopped the simulated clock). Zero stays allowed where
+# _MAY_BE_ZERO says so.
+_COUNT = "a count"
+_BYTES = "bytes"
+_RATE = "per second"
+_EFF = "an efficiency"
+_SECS = "seconds"
+_RANGES: dict[str, tuple[float, float, str]] = {
+    "params": (1.0, 1e16, _COUNT),
+    "layers": (1, 1e7, _COUNT),
+    "d_model": (1, 1e7, _COUNT),
+    "kv_heads": (1, 1e7, _COUNT),
+    "head_dim": (1, 1e7, _COUNT),
+    "bytes_per_param": (1e-12, 1e3, _BYTES),
+    "kv_bytes_per_elem": (1e-12, 1e3, _BYTES),
+    "hbm_bytes": (1.0, 1e20, _BYTES),
+    "hbm_bw": (1.0, 1e24, _RATE),
+    "peak_flops": (1.0, 1e24, _RATE),
+    "gpu_mem_util": (1e-6, 1.0, "a fraction"),
+    "decode_bw_eff": (1e-12, 1e3, _EFF),
+    "decode_compute_eff": (1e-12, 1e3, _EFF),
+    "decode_overhead_s": (0.0, _MAX_SECONDS, _SECS),
+    "prefill_eff": (1e-12, 1e3, _EFF),
+    "train_mfu": (1e-12, 1e3, _EFF),
+    "max_num_seqs": (1, 1e7, _COUNT),
+    "sync_bw": (1.0, 1e24, _RATE),
+    "sync_latency_s": (0.0, _MAX_SECONDS, _SECS),
+    "kv_transfer_bw": (1.0, 1e24, _RATE),
+    "switch_s": (0.0, _MAX_SECONDS, _SECS),
+    "optimizer_step_s": (0.0, _MAX_SECONDS, _SECS),
+}
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -41,17 +41,7 @@ from hypothesis.errors import UnsatisfiedAssumption
 from rlsched.cluster.errors import RlschedError
 
 #: Known bug triggers outside the fuzz suite's own files (reported to the lead).
-PENDING: frozenset[str] = frozenset({
-    "config-deep-nesting",     # cluster/config.py: load_config lets RecursionError out
-    "config-many-digits",      # cluster/config.py: load_config lets ValueError out
-    "config-flag-type",        # cluster/config.py: seed/processor/check of any type accepted
-    "config-policy-scalar",    # cluster/config.py: policy = 3 -> TypeError
-    "cost-deep-nesting",       # sim/cost.py: from_file lets RecursionError out
-    "cost-many-digits",        # sim/cost.py: from_file lets ValueError out
-    "cost-huge-int",           # sim/cost.py: 400-digit integer -> OverflowError
-    "cost-extreme",            # sim/engine.py + driver: 1e-300 bandwidth / 1e308 seconds
-    "out-under-a-file",        # rlsched/compare.py: --out below a file -> FileExistsError
-})
+PENDING: frozenset[str] = frozenset()  # the cost-* tags were fixed in sim/cost.py
 
 
 #: Outcome label of a case skipped because it triggers a ``PENDING`` bug.

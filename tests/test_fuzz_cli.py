@@ -17,7 +17,6 @@ import pytest
 from fuzz_config_cases import config_files
 from fuzz_kit import (
     FuzzProperty,
-    Hang,
     judge_cli,
     judge_compare,
     materialize,
@@ -236,28 +235,26 @@ def test_broken_compare_leaves_nothing_behind(tmp_path):
 # ------------------------------------------------- reported bugs (fuzz_kit.PENDING)
 
 
-@pytest.mark.xfail(strict=True, raises=FileExistsError, reason="out-under-a-file")
-def test_pending_out_below_a_file(tmp_path):
+def test_out_below_a_file(tmp_path):
     (tmp_path / "f").write_text("a file\n")
     out = tmp_path / "f" / "results"
     compare_and_judge(["--trace", str(write_tiny_trace(tmp_path)), "--gpus", "8"], out, True)
 
 
-@pytest.mark.xfail(strict=True, raises=ZeroDivisionError, reason="cost-extreme")
 @pytest.mark.parametrize("field_", ["hbm_bw", "peak_flops"])
-def test_pending_cost_tiny_bandwidth(tmp_path, field_):
+def test_cost_tiny_bandwidth_rejected(tmp_path, field_):
+    """(Was a ZeroDivisionError in the simulator; now a one-line range error at load.)"""
     cost = tmp_path / "cost.json"
     cost.write_text(json.dumps({field_: 1e-300}))
     compare_and_judge(["--trace", str(write_tiny_trace(tmp_path)), "--gpus", "8", "--cost",
-                       str(cost)], tmp_path / "results", None)
+                       str(cost)], tmp_path / "results", True)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=Hang, reason="cost-extreme")
 @pytest.mark.parametrize("seconds", [1e12, 1e17, 1e308])
-def test_pending_cost_huge_switch_time_hangs_elastic(tmp_path, seconds):
-    """The simulated clock stops moving (memory stays flat): a livelock, not a slow run."""
+def test_cost_huge_switch_time_rejected(tmp_path, seconds):
+    """(Was a livelock of the simulated clock; now a one-line range error at load.)"""
     cost = tmp_path / "cost.json"
     cost.write_text(json.dumps({"switch_s": seconds}))
     compare_and_judge(["--trace", str(write_tiny_trace(tmp_path)), "--policies", "elastic",
-                       "--gpus", "8", "--cost", str(cost)], tmp_path / "results", None, 15)
+                       "--gpus", "8", "--cost", str(cost)], tmp_path / "results", True, 15)

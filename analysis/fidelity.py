@@ -1,0 +1,187 @@
+"""Simulator fidelity: replay a live run's recorded trace in the simulator and compare.
+
+The live run record already holds everything a replay needs: the policy spec, the run
+config, the live settings (tasks and samples per step, concurrent tool calls, batch cap)
+and ``trace.parquet`` (every turn's tokens and measured tool seconds, with its ``step``).
+The replay runs the same policy on the same steps under a given cost model; the result
+is compared step by step (wall time of each optimizer step), in GPU-time per state, and
+in the *order* of role changes and weight syncs (a policy that reacts to timing may take
+a different path in the simulator -- that is a fidelity finding in itself).
+
+A second live run of the same config (``repeat``) gives the live run's own noise: the
+per-step spread between the two runs. A simulator error below that spread is as good as
+a single replay can be.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rlsched.cluster.config import RunConfig
+from rlsched.cluster.errors import ConfigError, RecordError
+from rlsched.cluster.record import RunRecord, read_run
+
+from .metrics import state_seconds, step_times
+
+ORDER_KINDS = ("RolesChanged", "WeightsSynced", "TrainStepFinished")
+
+
+@dataclass(frozen=True)
+class FidelityResult:
+    live: RunRecord
+    sim: RunRecord
+    steps: pd.DataFrame  # step, live_seconds, sim_seconds, abs_error_pct[, repeat_seconds, spread_pct]
+    states: pd.DataFrame  # state, live_gpu_seconds, sim_gpu_seconds, ...
+    live_order: list[str]
+    sim_order: list[str]
+    summary: dict[str, Any]
+    repeat: RunRecord | None = None
+
+
+def replay_config(meta: dict[str, Any], source: Path) -> RunConfig:
+    """The simulator's RunConfig for a live run: its [cluster]/[run] values, with the
+    live-only settings that the simulator models mapped onto its own fields."""
+    cfg = meta.get("config")
+    live = meta.get("live") or {}
+    if not isinstance(cfg, dict):
+        raise RecordError(f"{source / 'meta.json'}: no 'config' table; not a run record rlsched wrote")
+    known = set(RunConfig.__dataclass_fields__)
+    kw = {k: v for k, v in cfg.items() if k in known}
+    kw["tasks_per_step"] = live.get("tasks_per_step", kw.get("tasks_per_step"))
+    kw["samples_per_task"] = live.get("samples_per_task", kw.get("samples_per_task"))
+    if "env_workers" in live:
+        kw["sandbox_slots"] = int(live["env_workers"])  # concurrent tool calls, live
+    kw["steps"] = int(meta.get("steps_done") or kw.get("steps", 1))
+    kw["check"] = False
+    return RunConfig(**kw)
+
+
+def _live_record(path: Path) -> RunRecord:
+    rec = read_run(path)
+    if rec.meta.get("driver") != "live":
+        raise RecordError(f"{path}: meta.driver is {rec.meta.get('driver')!r}; fidelity needs a live run (rlsched run --live)")
+    if rec.steps.empty:
+        raise RecordError(f"{path}: the live run finished no optimizer step; nothing to compare")
+    trace = rec.meta.get("trace")
+    if not trace or not (path / str(trace)).is_file():
+        raise RecordError(f"{path}: no recorded trace (meta.trace -> trace.parquet); re-run it with this rlsched")
+    return rec
+
+
+def replay(live: RunRecord, cost: Any, out_dir: Path) -> RunRecord:
+    """Simulate the live run's trace with its policy and config under ``cost``."""
+    from rlsched.policies import make_policy
+    from rlsched.sim.run import simulate
+    from rlsched.sim.workload import Workload
+    from rlsched.traces import draw_batches, load_trace
+
+    trace_path = live.path / str(live.meta["trace"])
+    df = load_trace(trace_path)
+    config = replay_config(live.meta, live.path)
+    batches = draw_batches(df, config.steps, config.tasks_per_step, config.samples_per_task)
+    spec = str(live.meta["policy"])
+    simulate(Workload.from_frame(df), batches, make_policy(spec), config, cost, out_dir=out_dir,
+             spec=spec, meta={"trace": str(trace_path), "spec_as_given": spec, "replay_of": str(live.path)})
+    return read_run(out_dir)
+
+
+def step_table(live: RunRecord, sim: RunRecord, repeat: RunRecord | None = None) -> pd.DataFrame:
+    lt = step_times(live).set_index("step")["seconds"]
+    st = step_times(sim).set_index("step")["seconds"]
+    steps = sorted(set(lt.index) & set(st.index))
+    df = pd.DataFrame({"step": steps, "live_seconds": lt.loc[steps].to_numpy(),
+                       "sim_seconds": st.loc[steps].to_numpy()})
+    df["abs_error_pct"] = 100.0 * (df["sim_seconds"] - df["live_seconds"]).abs() / df["live_seconds"]
+    df["signed_error_pct"] = 100.0 * (df["sim_seconds"] - df["live_seconds"]) / df["live_seconds"]
+    if repeat is not None:
+        rt = step_times(repeat).set_index("step")["seconds"]
+        df["repeat_seconds"] = [float(rt.get(s, np.nan)) for s in steps]
+        mean = (df["live_seconds"] + df["repeat_seconds"]) / 2
+        df["spread_pct"] = 100.0 * (df["live_seconds"] - df["repeat_seconds"]).abs() / mean
+    return df
+
+
+def state_table(live: RunRecord, sim: RunRecord) -> pd.DataFrame:
+    lv, sv = state_seconds(live), state_seconds(sim)
+    df = pd.DataFrame({"state": lv.index, "live_gpu_seconds": lv.to_numpy(),
+                       "sim_gpu_seconds": sv.reindex(lv.index).fillna(0.0).to_numpy()})
+    lt, stt = df["live_gpu_seconds"].sum(), df["sim_gpu_seconds"].sum()
+    df["live_share"] = df["live_gpu_seconds"] / lt if lt > 0 else 0.0
+    df["sim_share"] = df["sim_gpu_seconds"] / stt if stt > 0 else 0.0
+    return df
+
+
+def event_order(rec: RunRecord) -> list[str]:
+    """Role changes, weight syncs and step ends in time order, as comparable labels."""
+    ev = rec.events
+    ev = ev[ev["kind"].isin(ORDER_KINDS)].sort_values("time", kind="stable")
+    out = []
+    for kind, detail, version in zip(ev["kind"], ev["detail"], ev["version"], strict=True):
+        if kind == "RolesChanged":
+            out.append(f"roles:{str(detail).split(' ')[0]}")
+        elif kind == "WeightsSynced":
+            out.append(f"sync:v{int(version)}")
+        else:
+            out.append(f"step:v{int(version)}")
+    return out
+
+
+def fidelity(live_dir: Path, cost: Any, out_dir: Path, *, force: bool = False,
+             repeat: Path | None = None) -> FidelityResult:
+    """Replay ``live_dir`` under ``cost``; write ``out_dir``/fidelity.csv and the replay."""
+    live = _live_record(Path(live_dir))
+    rep = read_run(repeat) if repeat is not None else None
+    if rep is not None and rep.meta.get("policy") != live.meta.get("policy"):
+        raise RecordError(f"--repeat {repeat}: policy {rep.meta.get('policy')!r} differs from the live run's {live.meta.get('policy')!r}")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise ConfigError(f"--out {out}: directory is not empty (use --force to replace it)")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    sim = replay(live, cost, out / "sim")
+    steps = step_table(live, sim, rep)
+    states = state_table(live, sim)
+    lo, so = event_order(live), event_order(sim)
+    err = steps["abs_error_pct"].to_numpy()
+    summary: dict[str, Any] = {
+        "policy": str(live.meta["policy"]), "steps": len(steps),
+        "median_abs_error_pct": float(np.median(err)), "max_abs_error_pct": float(err.max()),
+        "p90_abs_error_pct": float(np.percentile(err, 90)),
+        "live_total_seconds": float(live.steps["time"].max()),
+        "sim_total_seconds": float(sim.steps["time"].max()),
+        "order_identical": lo == so, "order_first_difference": _first_difference(lo, so),
+        "spread_median_pct": float(steps["spread_pct"].median()) if "spread_pct" in steps else None,
+        "trajectory_seconds_live": _median_duration(live), "trajectory_seconds_sim": _median_duration(sim),
+        "live_run": str(live.path), "repeat_run": str(rep.path) if rep is not None else None,
+    }
+    steps.to_csv(out / "fidelity.csv", index=False)
+    states.to_csv(out / "fidelity_states.csv", index=False)
+    (out / "fidelity_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return FidelityResult(live, sim, steps, states, lo, so, summary, rep)
+
+
+def _median_duration(rec: RunRecord) -> float:
+    """Median dispatch-to-finish seconds of a trajectory: the rollout side of a step,
+    without the role switches around it."""
+    t = rec.trajectories
+    d = (t["finish_time"] - t["dispatch_time"]).dropna()
+    return float(d.median()) if len(d) else float("nan")
+
+
+def _first_difference(a: list[str], b: list[str]) -> str:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return f"#{i}: live {x} vs sim {y}"
+    if len(a) != len(b):
+        return f"#{min(len(a), len(b))}: live has {len(a)} entries, sim {len(b)}"
+    return ""

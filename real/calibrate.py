@@ -1,0 +1,252 @@
+"""``rlsched calibrate``: measure the live backend, fit the cost model, write the file.
+
+The same code runs on this CPU host with the tiny model and on a GPU host with a real
+checkpoint: everything comes from the run config a live run would use (``[cluster]`` and
+``[live]``), so the calibrated constants describe exactly the engines, trainer, weight
+path and environment that ``rlsched run --live --config`` will start.
+
+Order (each step reuses what the previous one left, as a live run would):
+
+1. publish the checkpoint's weights (a live run's engines load them at every boot);
+2. switch to rollout: boot every engine group in parallel (timed per group);
+3. engine benchmarks on all engines at once (decode, prefill, prefix hits, KV), weight reloads;
+4. switch to train: kill the engines, grow the trainer lane one engine's slots at a time;
+5. trainer benchmarks at the full width, then at one rank; optimizer steps;
+6. the switch round trip once more (offload, boot; kill, restore) for a second sample;
+7. tool calls in the shipped environment; then fit (:mod:`.calibrate_fit`).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from rlsched.cluster.errors import LiveBackendError
+from rlsched.sim.cost import CostModel
+
+from .calibrate_bench import (
+    BenchPlan,
+    bench_engine,
+    bench_optimizer,
+    bench_sync,
+    bench_tools,
+    bench_train,
+    checkpoint_state,
+    machine_peaks,
+)
+from .calibrate_fit import Calibration, fit_all, tool_summary
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CalibrationRun:
+    calibration: Calibration
+    measurements: pd.DataFrame
+    info: dict[str, Any]
+
+
+def model_shape(model_dir: Path, dtype_bytes: float) -> dict[str, float]:
+    """The cost model's model fields from a Hugging Face checkpoint (config + tensors)."""
+    from safetensors import safe_open
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    heads = int(cfg["num_attention_heads"])
+    hidden = int(cfg["hidden_size"])
+    params = 0
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                shape = st.get_slice(name).get_shape()
+                n = 1
+                for s in shape:
+                    n *= int(s)
+                params += n
+    if params == 0:
+        raise LiveBackendError(f"{model_dir}: no safetensors weights to count parameters from")
+    return {
+        "params": float(params), "layers": int(cfg["num_hidden_layers"]), "d_model": hidden,
+        "kv_heads": int(cfg.get("num_key_value_heads", heads)),
+        "head_dim": int(cfg.get("head_dim") or hidden // heads),
+        "bytes_per_param": dtype_bytes, "kv_bytes_per_elem": dtype_bytes,
+    }
+
+
+def _dtype_bytes(model_dir: Path, on_gpus: bool) -> float:
+    if not on_gpus:
+        return 4.0  # the CPU engines and trainer run float32 (see real/driver.py)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    return {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0}.get(str(cfg.get("torch_dtype")), 2.0)
+
+
+class _Rig:
+    """The live pieces calibration drives: a slot cluster, engine actors, a trainer lane."""
+
+    def __init__(self, run: Any, settings: Any, model_dir: Path, seed: int, work: Path, say: Say) -> None:
+        from .engine import EngineSettings
+        from .live_trainer import TrainerLane
+        from .ray_cluster import start_cluster
+        from .weights import WeightStore
+
+        self.run, self.s, self.say = run, settings, say
+        self.cluster = start_cluster(run.gpus, object_store_mb=settings.object_store_mb)
+        self.tied = bool(json.loads((model_dir / "config.json").read_text()).get("tie_word_embeddings", False))
+        self.engine_settings = EngineSettings(
+            str(model_dir), max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
+            kv_cache_mb=settings.kv_cache_mb, threads=settings.engine_threads, seed=seed,
+            tp=run.tp if self.cluster.gpus else 1, dtype="auto" if self.cluster.gpus else "float32",
+        )
+        self.weights = WeightStore(tied=self.tied)
+        self.lane = TrainerLane(str(model_dir), seed=seed, lr=settings.lr, threads=settings.trainer_threads,
+                                ckpt_dir=work, weights=self.weights)
+        self.engines: list[Any] = []
+        self.groups = [list(range(g, g + run.tp)) for g in range(0, run.gpus, run.tp)]
+
+    def to_rollout(self) -> float:
+        """Offload the trainer if it runs, then boot one engine per group in parallel, each
+        loading the published weights; seconds until the last engine is ready."""
+        import ray
+
+        from .calibrate_engine import bench_actor_class
+        from .ray_cluster import slots_options, wait_ready
+
+        t0 = time.perf_counter()
+        if self.lane.group is not None:
+            self.lane.set_slots([]).result()
+        pub = self.weights.current
+        cls = bench_actor_class()
+        self.engines = [cls.options(**slots_options(g, gpus=self.cluster.gpus)).remote(
+            self.engine_settings, engine_id=e, version=pub.version if pub else 0)
+            for e, g in enumerate(self.groups)]
+        for e, actor in enumerate(self.engines):
+            wait_ready(actor.info.remote(), f"engine {e}", self.groups[e], self.s.start_timeout_s)
+        if pub is not None:
+            ray.get([a.update_weights.remote(pub.ref, pub.version) for a in self.engines])
+        return time.perf_counter() - t0
+
+    def to_train(self) -> float:
+        """Kill the engines, then grow the trainer by one engine's slots at a time (the
+        live driver's order: each drained engine joins the lane when it is gone)."""
+        import ray
+
+        t0 = time.perf_counter()
+        slots: list[int] = []
+        for actor, g in zip(self.engines, self.groups, strict=True):
+            ray.kill(actor)
+            slots = sorted({*slots, *g})
+            self.lane.set_slots(list(slots)).result()
+        self.engines = []
+        return time.perf_counter() - t0
+
+    def stop(self) -> None:
+        from .ray_cluster import stop_cluster
+
+        try:
+            self.lane.shutdown()
+        finally:
+            stop_cluster()
+
+
+def calibrate(run: Any, settings: Any, *, seed: int = 0, plan: BenchPlan | None = None,
+              say: Say = lambda _m: None) -> CalibrationRun:
+    """Measure everything; return the fitted cost model, the raw rows and host info."""
+    from .driver import _Setup  # raises one line without the [live] extra
+    from .ray_cluster import check_capacity
+    from .tiny_model import resolve_model
+
+    plan = plan or BenchPlan()
+    t_start = time.perf_counter()
+    check_capacity(run.gpus, run.tp)
+    model_dir = resolve_model(settings.model, settings.cache_path(), seed=seed)
+    peaks = machine_peaks()
+    say(f"machine: {peaks['peak_flops'] / 1e9:.1f} GFLOP/s matmul, {peaks['hbm_bw'] / 1e9:.1f} GB/s copy (1 thread)")
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="rlsched-calibrate-") as work:
+        rig = _Rig(run, settings, model_dir, seed, Path(work), say)
+        try:
+            on_gpus = rig.cluster.gpus
+            state = checkpoint_state(model_dir)
+            rig.weights.publish(state, 1)
+            secs = rig.to_rollout()
+            rows.append({"component": "switch", "kind": "to_rollout", "seconds": secs})
+            say(f"switch to rollout ({len(rig.groups)} engines in parallel): {secs:.1f}s")
+            import ray
+
+            for a in rig.engines:
+                rows.append({"component": "kv", **ray.get(a.kv_info.remote())})
+            rows += bench_engine(rig.engines, plan, say)
+            rows += bench_sync(rig.engines[0], state, rig.tied, plan, say)
+            vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+            for k in range(plan.switch_rounds):
+                if k:
+                    secs = rig.to_rollout()
+                    rows.append({"component": "switch", "kind": "to_rollout", "seconds": secs})
+                    say(f"switch to rollout: {secs:.1f}s")
+                secs = rig.to_train()
+                rows.append({"component": "switch", "kind": "to_train", "seconds": secs})
+                say(f"switch to train ({len(rig.groups)} groups joining one by one): {secs:.1f}s")
+                if k == 0:
+                    world = len(rig.lane.group.slots)
+                    rows += bench_train(rig.lane, world, vocab, plan, seed)
+                    if world > 1:
+                        rig.lane.set_slots(rig.groups[0]).result()
+                        rows += bench_train(rig.lane, len(rig.groups[0]), vocab, plan, seed + 1)
+                        rig.lane.set_slots(sorted(g for grp in rig.groups for g in grp)).result()
+                    rows += bench_optimizer(rig.lane, vocab, plan, seed)
+                    say(f"train: {len(plan.train_shapes) * plan.repeats} micro-batches per width, optimizer steps")
+        finally:
+            rig.stop()
+    setup = _Setup(run, settings, seed)
+    env_tasks = list(settings.tasks) or _env_tasks(setup)
+    rows += bench_tools(setup.make_env, env_tasks, plan, say)
+    table = pd.DataFrame(rows)
+    base = {**_shape_fields(model_dir, on_gpus), **peaks, "max_num_seqs": settings.max_num_seqs}
+    info = {
+        "model_dir": str(model_dir), "on_gpus": bool(on_gpus), "gpus": run.gpus, "tp": run.tp,
+        "machine_peaks": peaks, "base": base, "seconds": time.perf_counter() - t_start,
+    }
+    return fit_measurements(table, info)
+
+
+def fit_measurements(table: pd.DataFrame, info: dict[str, Any]) -> CalibrationRun:
+    """Fit a table of measurements (fresh, or read back by ``--from-measurements``)."""
+    base = replace(CostModel(), **info["base"])
+    fit = fit_all(table, base, int(info["tp"]))
+    info = {**info, "tools_median_seconds": tool_summary(table), "measurements": len(table)}
+    return CalibrationRun(fit, table, info)
+
+
+def refit(measurements_csv: Path) -> CalibrationRun:
+    """Re-fit the measurements an earlier ``rlsched calibrate`` wrote (no live backend
+    needed): ``cost.measurements.csv`` plus its ``cost.info.json``."""
+    from rlsched.cluster.errors import ConfigError
+
+    info_path = measurements_csv.with_name(measurements_csv.name.replace(".measurements.csv", ".info.json"))
+    try:
+        table = pd.read_csv(measurements_csv)
+        info = json.loads(info_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{measurements_csv}: cannot re-fit ({exc.__class__.__name__}; expected the "
+                          f".measurements.csv and .info.json that rlsched calibrate wrote)") from None
+    if "component" not in table.columns or not isinstance(info, dict) or "base" not in info:
+        raise ConfigError(f"{measurements_csv}: not a calibration measurements file (no 'component' column or info)")
+    return fit_measurements(table, info)
+
+
+def _shape_fields(model_dir: Path, on_gpus: bool) -> dict[str, float]:
+    return model_shape(model_dir, _dtype_bytes(model_dir, on_gpus))
+
+
+def _env_tasks(setup: Any) -> list[str]:
+    env = setup.make_env()
+    try:
+        return list(env.task_ids())
+    finally:
+        env.close()

@@ -1,0 +1,97 @@
+"""Writing a calibration: the cost-model file the simulator loads unchanged, plus what
+it was fitted from.
+
+``cost.toml`` holds a ``[cost]`` table (every field of :class:`~rlsched.sim.cost.CostModel`,
+which ``CostModel.from_file`` and ``--cost`` read) and a ``[calibration]`` table that the
+loader ignores: host facts, the fit quality per component and the tool-call medians.
+Next to it, ``<stem>.measurements.csv`` (every raw measurement) and
+``<stem>.predictions.csv`` (measured vs. the fitted formula, for the report's fit plot).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from rlsched.cluster.errors import ConfigError
+
+from .calibrate_fit import FitQuality
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _table(name: str, values: dict[str, Any]) -> list[str]:
+    lines = [f"[{name}]"]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if not isinstance(v, dict)]
+    return lines
+
+
+def sidecar(path: Path, kind: str) -> Path:
+    """``cost.toml`` -> ``cost.measurements.csv`` (``kind`` = measurements/predictions)."""
+    return path.with_name(f"{path.stem}.{kind}.csv")
+
+
+def write_calibration(path: Path, result: Any) -> Path:
+    """Write ``path`` (TOML) and its two CSV sidecars; return ``path``."""
+    path = Path(path)
+    if path.suffix != ".toml":
+        raise ConfigError(f"--out {path}: expected a .toml file name (the cost-model file)")
+    if path.exists() and path.is_dir():
+        raise ConfigError(f"--out {path}: is a directory; give a file name such as cost.toml")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {path}: cannot create its folder ({exc.strerror})") from None
+    cal = result.calibration
+    cost = cal.cost
+    lines = [
+        "# Cost model fitted by `rlsched calibrate` on the live backend (see sim/COST_MODEL.md).",
+        "# [cost] is what the simulator loads; [calibration] records how well each part fits.",
+        "",
+        *_table("cost", {f.name: getattr(cost, f.name) for f in fields(cost)}),
+        "",
+        *_table("calibration", {
+            "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "model_dir": Path(result.info["model_dir"]).name,
+            "on_gpus": result.info["on_gpus"], "gpus": result.info["gpus"], "tp": result.info["tp"],
+            "seconds": round(float(result.info["seconds"]), 1),
+            "measurements": int(result.info["measurements"]),
+            "measurements_csv": sidecar(path, "measurements").name,
+            "predictions_csv": sidecar(path, "predictions").name,
+        }),
+        "",
+        *_table("calibration.machine_peaks", result.info["machine_peaks"]),
+        "",
+        *_table("calibration.tools_median_seconds", result.info["tools_median_seconds"]),
+    ]
+    for q in cal.quality:
+        lines += ["", *_table(f"calibration.fit.{q.component}", quality_row(q))]
+    path.write_text("\n".join(lines) + "\n")
+    result.measurements.to_csv(sidecar(path, "measurements"), index=False)
+    info = {k: v for k, v in result.info.items() if k not in ("tools_median_seconds", "measurements")}
+    path.with_name(f"{path.stem}.info.json").write_text(json.dumps(info, indent=2) + "\n")
+    cal.predictions.to_csv(sidecar(path, "predictions"), index=False)
+    return path
+
+
+def quality_row(q: FitQuality) -> dict[str, Any]:
+    return {"n": q.n, "r2": q.r2, "worst_residual_s": q.worst_residual_s,
+            "worst_residual_pct": q.worst_residual_pct, "median_residual_pct": q.median_residual_pct,
+            "note": q.note,
+            **{f"fitted_{k}": v for k, v in q.fitted.items()}}
