@@ -23,6 +23,19 @@ Definitions (the report and summary.csv use exactly these):
   neither trained nor dropped, in flight or not.
 * **saved** tokens (trajectory processor): kept context tokens of trained trajectories
   minus the tokens the trainer was charged for; 0 when the processor did not run.
+* **faults** (fault injection, ``[faults]``; all 0 for a run without a fault schedule,
+  read from ``meta.json["faults"]`` which the simulator writes):
+  ``faults`` = faults fired; ``retried_trajectories`` = distinct trajectories a fault
+  stopped and that had to be dispatched again (each must still end trained or dropped:
+  ``lost_trajectories`` stays 0); ``fault_wasted_tokens`` = generated tokens of the turns
+  in progress that faults threw away (also in ``wasted_tokens``);
+  ``fault_gpu_seconds_lost`` = GPU-seconds of work faults made useless -- trainer work
+  re-run after a trainer or trainer-GPU failure, trainer GPUs waiting for its restart, and
+  failed weight syncs (decode is counted in tokens, above); ``failed_gpu_seconds`` =
+  GPU-seconds GPUs spent failed; ``fault_tool_seconds_lost`` = tool-call seconds hung
+  calls added (cut at ``tool_timeout_s``). The time a fault costs the run as a whole is
+  the difference in ``sim_seconds`` against the same run without faults
+  (``bench/bench_faults.py`` prints it).
 """
 
 from __future__ import annotations
@@ -46,6 +59,8 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "steps_per_hour", "trained_tokens_per_gpu_hour", "gap_to_bound_pct", "idle_fraction",
     "dropped_trajectories", "wasted_tokens", "saved_tokens", "wall_seconds", "events_processed",
     "unfinished_trajectories", "complete", "driver", "num_gpus",
+    "faults", "retried_trajectories", "fault_wasted_tokens", "fault_gpu_seconds_lost",
+    "failed_gpu_seconds", "fault_tool_seconds_lost",
 )
 BUSY = (GpuState.GENERATE.value, GpuState.TRAIN.value)
 NO_WORK = (GpuState.ROLLOUT_IDLE.value, GpuState.TRAIN_IDLE.value, GpuState.IDLE.value)
@@ -148,8 +163,28 @@ def summarize(record: RunRecord) -> dict[str, Any]:
         "complete": bool(meta.get("complete", False)),
         "driver": str(meta.get("driver", "")),
         "num_gpus": gpus,
+        **fault_columns(meta),
     }
     return row
+
+
+def fault_columns(meta: dict[str, Any]) -> dict[str, Any]:
+    """The fault columns of summary.csv from ``meta["faults"]`` (see the module doc)."""
+    f = meta.get("faults")
+    f = f if isinstance(f, dict) else {}
+
+    def num(key: str) -> float:
+        v = f.get(key, 0)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else 0.0
+
+    return {
+        "faults": int(num("faults")),
+        "retried_trajectories": int(num("retried_trajectories")),
+        "fault_wasted_tokens": int(num("wasted_tokens")),
+        "fault_gpu_seconds_lost": num("train_gpu_seconds_lost") + num("sync_gpu_seconds_lost"),
+        "failed_gpu_seconds": num("failed_gpu_seconds"),
+        "fault_tool_seconds_lost": num("tool_seconds_lost"),
+    }
 
 
 def staleness_table(record: RunRecord) -> pd.DataFrame:

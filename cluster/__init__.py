@@ -27,22 +27,28 @@ from .events import (
     MicroBatchFinished,
     RolesChanged,
     RunStarted,
+    SyncFailed,
     TimerFired,
+    ToolTimedOut,
+    TrainerFailed,
     TrainStepFinished,
     TrajectoryFinished,
     WeightsSynced,
     WorkerFailed,
+    WorkerRecovered,
 )
+from .faults import Fault, FaultSchedule
 from .ids import Drain, EngineId, GpuId, GpuState, Role, TaskId, TrajectoryId, TrajStatus
 from .policy import Param, Policy
 from .view import ClusterView, EngineInfo, TrainerInfo, TrajectoryInfo
 
 __all__ = [
     "ClusterView", "Command", "ConfigError", "Dispatch", "Drain", "Drop", "EngineId",
-    "EngineIdle", "EngineInfo", "Event", "GpuId", "GpuState", "Interrupt", "LiveBackendError",
-    "MicroBatchFinished", "OptimizerStep", "Param", "Policy", "PolicyError", "Reassign",
-    "RecordError", "RlschedError", "Role", "RolesChanged", "RunStarted", "SetTimer",
-    "SyncWeights", "TaskId", "TimerFired", "TraceError", "Train", "TrainMicroBatch",
-    "TrainStepFinished", "TrainerInfo", "TrajStatus", "TrajectoryFinished", "TrajectoryId",
-    "TrajectoryInfo", "WeightsSynced", "WorkerFailed",
+    "EngineIdle", "EngineInfo", "Event", "Fault", "FaultSchedule", "GpuId", "GpuState",
+    "Interrupt", "LiveBackendError", "MicroBatchFinished", "OptimizerStep", "Param", "Policy",
+    "PolicyError", "Reassign", "RecordError", "RlschedError", "Role", "RolesChanged",
+    "RunStarted", "SetTimer", "SyncFailed", "SyncWeights", "TaskId", "TimerFired",
+    "ToolTimedOut", "TraceError", "Train", "TrainMicroBatch", "TrainStepFinished",
+    "TrainerFailed", "TrainerInfo", "TrajStatus", "TrajectoryFinished", "TrajectoryId",
+    "TrajectoryInfo", "WeightsSynced", "WorkerFailed", "WorkerRecovered",
 ]

@@ -2,7 +2,8 @@
 
 A config file is TOML with optional tables ``[cluster]``, ``[run]``, ``[cost]`` (cost-model
 overrides, see ``rlsched.sim.cost``), ``[live]`` (live-backend settings) and ``[[policy]]``
-entries (``spec = "NAME:key=value,..."``). Unknown tables or keys are errors, so a typo
+entries (``spec = "NAME:key=value,..."``), and ``[faults]`` (fault injection in the simulator,
+see ``rlsched.cluster.faults``). Unknown tables or keys are errors, so a typo
 never silently falls back to a default.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .faults import FaultSchedule, parse_faults
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,7 @@ class RunConfig:
     sandbox_slots: int = 4096  # concurrent tool calls (CPU sandboxes); queue when full
     processor: bool = False  # train through the trajectory processor (prefix sharing)
     check: bool = False  # check invariants at run time (slower)
+    faults: FaultSchedule | None = None  # the [faults] table (simulator only)
 
     def __post_init__(self) -> None:
         for name in ("gpus", "tp", "steps", "sandbox_slots"):
@@ -46,6 +49,8 @@ class RunConfig:
             v = getattr(self, name)
             if not isinstance(v, bool):
                 raise ConfigError(f"run config: {name}={_short(v)}: expected true or false")
+        if self.faults is not None and not isinstance(self.faults, FaultSchedule):
+            raise ConfigError("run config: faults: expected the [faults] table (a FaultSchedule)")
         if self.gpus % self.tp:
             raise ConfigError(
                 f"run config: gpus={self.gpus} is not a multiple of tp={self.tp} "
@@ -73,8 +78,8 @@ class ConfigFile:
     source: str = "<defaults>"
 
 
-_RUN_KEYS = {f.name for f in fields(RunConfig)}
-_SECTIONS = {"cluster", "run", "cost", "policy", "live", "trace"}
+_RUN_KEYS = {f.name for f in fields(RunConfig)} - {"faults"}
+_SECTIONS = {"cluster", "run", "cost", "policy", "live", "trace", "faults"}
 
 
 def load_config(path: str | Path) -> ConfigFile:
@@ -107,6 +112,8 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> ConfigFile:
             if k not in _RUN_KEYS:
                 raise ConfigError(f"{source}: [{section}] unknown key {k!r}{_hint(k, _RUN_KEYS)}")
             run_kw[k] = v
+    if "faults" in data:
+        run_kw["faults"] = parse_faults(data["faults"], source)
     run = RunConfig(**run_kw)
     cost = data.get("cost", {})
     if not isinstance(cost, dict):

@@ -88,8 +88,52 @@ class TimerFired(Event):
 
 @dataclass(frozen=True, slots=True)
 class WorkerFailed(Event):
-    """A GPU failed. Its engine (if any) is gone; its in-flight trajectories were put back
-    as INTERRUPTED with their finished turns kept, and are reported by TrajectoryFinished
-    events before this one. The GPU is ``IDLE`` again when it recovers."""
+    """A GPU failed. Its engine (if any) is gone: its in-flight trajectories were put back
+    as INTERRUPTED with their finished turns kept (the tokens of the turn in progress are
+    wasted) and were reported by TrajectoryFinished events before this one; they are
+    listed in ``trajectories`` (empty when the driver cannot tell). The engine's other GPUs
+    are ``IDLE``. A trainer GPU's failure loses the current step's gradients: the driver
+    re-runs the step's micro-batches itself, from the last completed optimizer step.
+
+    Until ``WorkerRecovered`` the GPU has role ``IDLE`` but is listed by
+    ``ClusterView.failed_gpus()`` and no command may use it."""
 
     gpu: GpuId
+    trajectories: tuple[TrajectoryId, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecovered(Event):
+    """A failed GPU works again: role ``IDLE``, ready to be reassigned."""
+
+    gpu: GpuId
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerFailed(Event):
+    """The training job crashed. The gradients of the step in progress are lost; the
+    driver re-runs its micro-batches (already-queued work is kept, in order) from the last
+    completed optimizer step ``version`` once the trainer has restarted (``restart_s``).
+    Policies need not act: queued commands stay queued."""
+
+    version: int
+    restart_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ToolTimedOut(Event):
+    """A tool call of ``trajectory`` hung and was cut at the limit after ``seconds``; the
+    trajectory continues with the timeout as the call's result."""
+
+    trajectory: TrajectoryId
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class SyncFailed(Event):
+    """A weight sync to ``engines`` failed: they keep their old weights (and go on
+    generating). The driver retries it after ``retry_s``; ``WeightsSynced`` follows."""
+
+    engines: tuple[EngineId, ...]
+    version: int
+    retry_s: float

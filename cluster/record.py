@@ -5,7 +5,10 @@ A run record is a directory:
 ``meta.json``
     ``{"format": "rlsched-run", "version": 1, "driver": "sim"|"live", "policy": SPEC,
     "num_gpus", "tp", "num_steps", "complete": bool, ...}`` plus whatever configuration
-    the driver wants to keep (cost model, trace path, seed, wall time).
+    the driver wants to keep (cost model, trace path, seed, wall time). A simulated run
+    with fault injection adds ``fault_schedule`` (the ``[faults]`` table as run) and
+    ``faults`` (what fired: counts per kind, retried trajectories, time lost); a resumed
+    live run adds ``resumes`` (one entry per ``--resume``, with the trajectories re-run).
 ``events.parquet``
     One row per notable event: ``time`` (s), ``kind`` (event or command name), ``step``,
     ``version``, ``engine``, ``gpu`` (-1 when not applicable), ``trajectory`` ("" when not

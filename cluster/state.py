@@ -146,6 +146,7 @@ class ClusterState:
         self.queued_optimizer_steps = 0
         self.accumulated: list[TrajectoryId] = []
         self.switching: set[GpuId] = set()
+        self.failed: set[GpuId] = set()  # failed GPUs (role IDLE) until they recover
 
     # ------------------------------------------------------------------ view
     @property
@@ -236,6 +237,10 @@ class ClusterState:
 
     def unfinished(self, step: int) -> int:
         return self._unfinished[step]
+
+    def failed_gpus(self) -> tuple[GpuId, ...]:
+        """GPUs that failed and have not recovered: role IDLE, but no command may use them."""
+        return tuple(sorted(self.failed))
 
     # ------------------------------------------------------------- driver API
     def advance(self, now: float) -> None:
@@ -360,6 +365,8 @@ class ClusterState:
                 raise PolicyError(f"Reassign of GPU {g}: the cluster has GPUs 0..{self._num_gpus - 1}")
             if self.roles[g] is Role.SWITCHING:
                 raise PolicyError(f"Reassign of GPU {g}, which is already switching")
+            if g in self.failed:
+                raise PolicyError(f"Reassign of GPU {g}, which has failed (wait for WorkerRecovered)")
             if self.roles[g] is role:
                 raise PolicyError(f"Reassign of GPU {g} to {role}, which it already has")
         sel = set(gpus)

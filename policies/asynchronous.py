@@ -7,6 +7,10 @@ versions old. k=0 is synchronous on split GPUs; k=1 is one-step off-policy (the 
 "async" setting of AReaL/slime/verl), which overlaps one batch's tail with the next
 batch's rollout. Weights are synced to every engine after each optimizer step; engines
 pause for the transfer and in-flight trajectories continue with the new weights.
+
+Worker failures: trajectories on a failed engine resume on the other rollout engines
+(:class:`~rlsched.policies.common.Retries`); a recovered GPU returns to its side of the
+split (:func:`~rlsched.policies.common.rejoin`).
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ from rlsched.cluster.events import (
     TrainStepFinished,
     TrajectoryFinished,
     WeightsSynced,
+    WorkerRecovered,
 )
-from rlsched.cluster.ids import Role
+from rlsched.cluster.ids import Role, TrajStatus
 from rlsched.cluster.policy import Param
 from rlsched.cluster.view import ClusterView
 
-from .common import engine_split
+from .common import Retries, engine_split, idle_engines
 from .registry import register
 
 
@@ -50,6 +55,8 @@ class Async:
         self._training = False
         self._trainer_ready = False
         self._engines_ready = False
+        self._synced = 0  # newest version every engine was synced to
+        self._retry = Retries()
 
     @property
     def max_staleness(self) -> int:
@@ -63,6 +70,8 @@ class Async:
         self._training = False
         self._trainer_ready = False
         self._engines_ready = False
+        self._synced = 0
+        self._retry = Retries()
 
     def on_event(self, event: Event, view: ClusterView) -> Sequence[Command]:
         match event:
@@ -71,10 +80,15 @@ class Async:
                 return [Reassign(rollout, Role.ROLLOUT), Reassign(train, Role.TRAIN)]
             case RolesChanged(role=Role.ROLLOUT):
                 self._engines_ready = True
-                return self._dispatch_up_to(0, view) + self._maybe_train(view)
+                if not view.engines():
+                    return self._repair(view)
+                retried = self._retry.flush(view)  # (not yet running: no training before them)
+                return self._dispatch_up_to(self._synced, view) + (retried or self._maybe_train(view))
             case RolesChanged(role=Role.TRAIN):
                 self._trainer_ready = True
-                return self._maybe_train(view)
+                return self._repair(view) + self._maybe_train(view)
+            case TrajectoryFinished(trajectory=t, status=TrajStatus.INTERRUPTED):
+                return self._retry.stopped(t, view)  # a failed GPU: resume it elsewhere
             case TrajectoryFinished():
                 return self._maybe_train(view)
             case TrainStepFinished(version=v):
@@ -83,13 +97,35 @@ class Async:
                     return []
                 return [SyncWeights(), *self._maybe_train(view)]
             case WeightsSynced(version=v):
+                self._synced = max(self._synced, v)
                 return self._dispatch_up_to(v, view)
+            case WorkerRecovered():
+                return self._repair(view)
         return []
+
+    def _repair(self, view: ClusterView) -> list[Command]:
+        """GPUs a failure left idle go back to their side of the split: rollout as whole
+        engines (once every GPU of the engine works), training one by one."""
+        if not view.failed_gpus() and not view.gpus_in(Role.IDLE):
+            return []
+        rollout, _ = engine_split(view, self.rollout_fraction)
+        side = set(rollout)
+        engines = tuple(g for g in idle_engines(view) if g in side)
+        failed = set(view.failed_gpus())
+        trainers = tuple(g for g in view.gpus_in(Role.IDLE) if g not in side and g not in failed)
+        cmds: list[Command] = []
+        if engines:
+            cmds.append(Reassign(engines, Role.ROLLOUT))
+        if trainers:
+            cmds.append(Reassign(trainers, Role.TRAIN))
+        return cmds
 
     def _dispatch_up_to(self, version: int, view: ClusterView) -> list[Command]:
         """Dispatch every batch whose oldest allowed weights (s - k) are ``version``."""
         cmds: list[Command] = []
         last = min(version + self.staleness, view.num_steps - 1)
+        if not view.engines():
+            return cmds  # every engine failed: dispatched when one is back (RolesChanged)
         while self._engines_ready and self._dispatched <= last:
             cmds.append(Dispatch(view.batch(self._dispatched)))
             self._dispatched += 1
@@ -102,6 +138,7 @@ class Async:
             or not self._trainer_ready
             or s >= min(self._dispatched, view.num_steps)
             or view.unfinished(s) > 0
+            or self._retry
         ):
             return []
         self._training = True

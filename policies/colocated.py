@@ -4,6 +4,10 @@ Every GPU rolls out the step's batch; when the last trajectory finishes, every G
 switches to training, takes one optimizer step on the whole batch, and switches back
 (the switch reloads the new weights, so no separate sync is needed). Staleness is 0;
 the cost is that the whole cluster waits for the slowest trajectory of every step.
+
+Worker failures: trajectories on a failed engine resume on the remaining ones
+(:class:`~rlsched.policies.common.Retries`); phases move only working GPUs and whole engines
+(:func:`~rlsched.policies.common.usable`), so a recovered GPU rejoins at the next phase.
 """
 
 from __future__ import annotations
@@ -19,12 +23,13 @@ from rlsched.cluster.events import (
     RunStarted,
     TrainStepFinished,
     TrajectoryFinished,
+    WorkerRecovered,
 )
-from rlsched.cluster.ids import Role
+from rlsched.cluster.ids import Role, TrajStatus
 from rlsched.cluster.policy import Param
 from rlsched.cluster.view import ClusterView
 
-from .common import all_gpus
+from .common import Retries, usable
 from .registry import register
 
 
@@ -36,12 +41,15 @@ class Colocated:
     defers = False
 
     def __init__(self) -> None:
-        self._step = 0
-        self._rolling_out = False
+        self.reset(None, random.Random(0))  # type: ignore[arg-type]
 
-    def reset(self, view: ClusterView, rng: random.Random) -> None:
+    def reset(self, view: ClusterView | None, rng: random.Random) -> None:
         self._step = 0
         self._rolling_out = False
+        self._phase = Role.ROLLOUT  # the role the cluster is in (or switching to)
+        self._dispatched = -1  # last step whose batch was dispatched
+        self._trained = -1  # last step whose Train was sent
+        self._retry = Retries()
 
     def on_event(self, event: Event, view: ClusterView) -> Sequence[Command]:
         # Events are delivered one by one after the state has moved on, so several
@@ -49,17 +57,45 @@ class Colocated:
         # the switch to training happen exactly once.
         match event:
             case RunStarted():
-                return [Reassign(all_gpus(view), Role.ROLLOUT)]
+                return [Reassign(usable(view, Role.ROLLOUT), Role.ROLLOUT)]
+            case RolesChanged(role=Role.ROLLOUT) if not view.engines() and not view.gpus_in(Role.SWITCHING):
+                return self._to(Role.ROLLOUT, view) if self._phase is Role.ROLLOUT else []  # failures
             case RolesChanged(role=Role.ROLLOUT):
-                self._rolling_out = True
-                return [Dispatch(view.batch(self._step))]
-            case TrajectoryFinished() if self._rolling_out and view.unfinished(self._step) == 0:
+                cmds: list[Command] = []
+                if self._phase is Role.ROLLOUT and self._dispatched < self._step and view.engines():
+                    self._dispatched = self._step
+                    self._rolling_out = True
+                    cmds.append(Dispatch(view.batch(self._step)))
+                return cmds + self._retry.flush(view)
+            case TrajectoryFinished(trajectory=t, status=TrajStatus.INTERRUPTED):
+                return self._retry.stopped(t, view)  # a failed GPU: resume it elsewhere
+            case TrajectoryFinished() if (
+                self._rolling_out and view.unfinished(self._step) == 0 and not self._retry
+            ):
                 self._rolling_out = False
-                return [Reassign(all_gpus(view), Role.TRAIN)]
-            case RolesChanged(role=Role.TRAIN):
+                self._phase = Role.TRAIN
+                return self._to(Role.TRAIN, view)
+            case RolesChanged(role=Role.TRAIN) if self._phase is Role.TRAIN and self._trained < self._step:
+                self._trained = self._step
                 return [Train(view.finished(self._step))]
             case TrainStepFinished(version=v):
                 self._step = v
                 if v < view.num_steps:
-                    return [Reassign(all_gpus(view), Role.ROLLOUT)]
+                    self._phase = Role.ROLLOUT
+                    return self._to(Role.ROLLOUT, view)
+            case WorkerRecovered():
+                # a recovered GPU joins at the next phase change, unless the current phase
+                # is stuck without GPUs (every engine, or every trainer GPU, failed)
+                held = view.engines() if self._phase is Role.ROLLOUT else view.trainer().gpus
+                if not held and not view.gpus_in(Role.SWITCHING) and self._step < view.num_steps:
+                    return self._to(self._phase, view)
         return []
+
+    def _to(self, role: Role, view: ClusterView) -> list[Command]:
+        gpus = usable(view, role)
+        if gpus:
+            return [Reassign(gpus, role)]
+        if role is Role.TRAIN and view.trainer().gpus and self._trained < self._step:
+            self._trained = self._step  # (GPUs left in TRAIN by a failure: train there)
+            return [Train(view.finished(self._step))]
+        return []  # nothing usable: wait for a WorkerRecovered

@@ -1,7 +1,10 @@
-"""Small helpers shared by the shipped policies (pure functions of the view)."""
+"""Small helpers shared by the shipped policies (pure functions of the view), and the
+shared handling of worker failures (:class:`Retries`, :func:`usable`, :func:`rejoin`)."""
 
 from __future__ import annotations
 
+from rlsched.cluster.commands import Command, Dispatch, Reassign
+from rlsched.cluster.ids import GpuId, Role, TrajectoryId, TrajStatus
 from rlsched.cluster.view import ClusterView
 
 
@@ -18,3 +21,99 @@ def engine_split(view: ClusterView, rollout_fraction: float) -> tuple[tuple[int,
     r = min(engines - 1, max(1, round(engines * rollout_fraction)))
     cut = r * view.tp
     return tuple(range(cut)), tuple(range(cut, view.num_gpus))
+
+
+# ------------------------------------------------------------------ worker failures
+def usable(view: ClusterView, role: Role) -> tuple[GpuId, ...]:
+    """The GPUs a phase change can move to ``role``: working (not failed), not in ``role``
+    already, not switching; for ROLLOUT only whole engines, every GPU of which qualifies.
+
+    Without failures this is every GPU not already in ``role`` -- what a policy that moves
+    the whole cluster between phases (colocated, partial) asks for."""
+    failed = set(view.failed_gpus())
+    ok = {
+        g for g in range(view.num_gpus)
+        if g not in failed and view.role(g) is not role and view.role(g) is not Role.SWITCHING
+    }
+    if role is Role.ROLLOUT:
+        ok = {g for g in ok if all(x in ok for x in view.engine_gpus(view.engine_of(g)))}
+    return tuple(sorted(ok))
+
+
+def rejoin(view: ClusterView, gpu: GpuId, role: Role) -> list[Command]:
+    """Put a recovered GPU back to work in ``role``: for TRAIN the GPU alone; for ROLLOUT
+    its whole engine, once every GPU of it is idle and working (else nothing yet)."""
+    if gpu in view.failed_gpus() or view.role(gpu) is not Role.IDLE:
+        return []
+    if role is Role.TRAIN:
+        return [Reassign((gpu,), Role.TRAIN)]
+    if role is not Role.ROLLOUT:
+        return []
+    failed = set(view.failed_gpus())
+    group = view.engine_gpus(view.engine_of(gpu))
+    if all(view.role(g) is Role.IDLE and g not in failed for g in group):
+        return [Reassign(group, Role.ROLLOUT)]
+    return []
+
+
+def idle_engines(view: ClusterView) -> tuple[GpuId, ...]:
+    """GPUs of engines whose every GPU is idle and working: after a failure (a switch cut
+    short, a recovery) they can form an engine again."""
+    failed = set(view.failed_gpus())
+    idle = set(view.gpus_in(Role.IDLE)) - failed
+    out: list[GpuId] = []
+    for e in sorted({view.engine_of(g) for g in idle}):
+        group = view.engine_gpus(e)
+        if all(g in idle for g in group):
+            out.extend(group)
+    return tuple(out)
+
+
+def back_to_rollout(view: ClusterView, gpus: tuple[GpuId, ...]) -> tuple[tuple[GpuId, ...], tuple[GpuId, ...]]:
+    """Split GPUs leaving the trainer into (whole engines for ROLLOUT, the rest for IDLE).
+
+    An engine is whole when each of its GPUs is one of ``gpus`` or idle and working (a GPU
+    back from a failure joins its engine again); without failures every engine is whole."""
+    failed = set(view.failed_gpus())
+    mine = set(gpus)
+    rollout: list[GpuId] = []
+    idle: list[GpuId] = []
+    for e in sorted({view.engine_of(g) for g in gpus}):
+        group = view.engine_gpus(e)
+        if all(g in mine or (view.role(g) is Role.IDLE and g not in failed) for g in group):
+            rollout.extend(group)
+        else:
+            idle.extend(g for g in group if g in mine)
+    return tuple(rollout), tuple(idle)
+
+
+class Retries:
+    """Trajectories a worker failure stopped, until they are dispatched again.
+
+    A driver reports each one with ``TrajectoryFinished(status=INTERRUPTED)`` (before the
+    ``WorkerFailed``); a policy that did not interrupt it itself hands it to
+    :meth:`stopped`, which dispatches it at once to the remaining engines (it resumes from
+    its last finished turn) or, with none left, keeps it until :meth:`flush` finds one. A
+    policy must not close a step while :attr:`waiting` is non-empty.
+    """
+
+    def __init__(self) -> None:
+        self.waiting: dict[TrajectoryId, None] = {}
+
+    def clear(self) -> None:
+        self.waiting.clear()
+
+    def __bool__(self) -> bool:
+        return bool(self.waiting)
+
+    def stopped(self, trajectory: TrajectoryId, view: ClusterView) -> list[Command]:
+        self.waiting[trajectory] = None
+        return self.flush(view)
+
+    def flush(self, view: ClusterView) -> list[Command]:
+        """Dispatch every waiting trajectory if a rollout engine is up."""
+        if not self.waiting or not view.engines():
+            return []
+        tids = tuple(t for t in self.waiting if view.status(t) is TrajStatus.INTERRUPTED)
+        self.waiting.clear()
+        return [Dispatch(tids)] if tids else []

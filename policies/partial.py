@@ -27,12 +27,13 @@ from rlsched.cluster.events import (
     TimerFired,
     TrainStepFinished,
     TrajectoryFinished,
+    WorkerRecovered,
 )
 from rlsched.cluster.ids import Role, TrajStatus
 from rlsched.cluster.policy import Param
 from rlsched.cluster.view import ClusterView
 
-from .common import all_gpus
+from .common import Retries, usable
 from .registry import register
 
 _ACTIVE = (TrajStatus.QUEUED, TrajStatus.RUNNING)
@@ -70,17 +71,32 @@ class Partial:
         self._cut = False
         self._budget_passed = False
         self._carried: tuple[str, ...] = ()  # interrupted in the previous step, resumed now
+        # worker failures (see policies.common): what this policy cut itself vs. what a
+        # failed GPU stopped (resumed at once elsewhere), and one dispatch/train per step
+        self._cut_ids: frozenset[str] = frozenset()
+        self._retry = Retries()
+        self._phase = Role.ROLLOUT
+        self._dispatched = -1
+        self._trained = -1
 
     def on_event(self, event: Event, view: ClusterView) -> Sequence[Command]:
         match event:
             case RunStarted():
-                return [Reassign(all_gpus(view), Role.ROLLOUT)]
+                return [Reassign(usable(view, Role.ROLLOUT), Role.ROLLOUT)]
+            case RolesChanged(role=Role.ROLLOUT) if not view.engines() and not view.gpus_in(Role.SWITCHING):
+                return self._to(Role.ROLLOUT, view) if self._phase is Role.ROLLOUT else []  # failures
             case RolesChanged(role=Role.ROLLOUT):
-                self._rolling_out, self._cut, self._budget_passed = True, False, False
-                cmds: list[Command] = [Dispatch(self._carried + view.batch(self._step))]
-                if self.budget_s > 0:
-                    cmds.append(SetTimer(view.now + self.budget_s, f"budget-{self._step}"))
-                return cmds
+                cmds: list[Command] = []
+                if self._phase is Role.ROLLOUT and self._dispatched < self._step and view.engines():
+                    self._dispatched = self._step
+                    self._rolling_out, self._cut, self._budget_passed = True, False, False
+                    self._cut_ids = frozenset()
+                    cmds.append(Dispatch(self._carried + view.batch(self._step)))
+                    if self.budget_s > 0:
+                        cmds.append(SetTimer(view.now + self.budget_s, f"budget-{self._step}"))
+                return cmds + self._retry.flush(view)
+            case TrajectoryFinished(trajectory=t, status=TrajStatus.INTERRUPTED) if t not in self._cut_ids:
+                return self._retry.stopped(t, view)  # a failed GPU: resume it elsewhere
             case TimerFired(tag=tag) if self._rolling_out and tag == f"budget-{self._step}":
                 self._budget_passed = True
                 return self._interrupt_rest(view) + self._maybe_train(view)
@@ -91,13 +107,30 @@ class Partial:
                 if self._budget_passed or done >= self.finish_fraction * len(batch):
                     cmds += self._interrupt_rest(view)
                 return cmds + self._maybe_train(view)
-            case RolesChanged(role=Role.TRAIN):
+            case RolesChanged(role=Role.TRAIN) if self._phase is Role.TRAIN and self._trained < self._step:
+                self._trained = self._step
                 return self._train(view)
             case TrainStepFinished(version=v):
                 self._step = v
                 if v < view.num_steps:
-                    return [Reassign(all_gpus(view), Role.ROLLOUT)]
+                    self._phase = Role.ROLLOUT
+                    return self._to(Role.ROLLOUT, view)
+            case WorkerRecovered():
+                # a recovered GPU joins at the next phase change, unless the current phase
+                # is stuck without GPUs (every engine, or every trainer GPU, failed)
+                held = view.engines() if self._phase is Role.ROLLOUT else view.trainer().gpus
+                if not held and not view.gpus_in(Role.SWITCHING) and self._step < view.num_steps:
+                    return self._to(self._phase, view)
         return []
+
+    def _to(self, role: Role, view: ClusterView) -> list[Command]:
+        gpus = usable(view, role)  # (every GPU not in ``role``, unless some failed)
+        if gpus:
+            return [Reassign(gpus, role)]
+        if role is Role.TRAIN and view.trainer().gpus and self._trained < self._step:
+            self._trained = self._step  # (GPUs left in TRAIN by a failure: train there)
+            return self._train(view)
+        return []  # nothing usable: wait for a WorkerRecovered
 
     def _interrupt_rest(self, view: ClusterView) -> list[Command]:
         last = self._step == view.num_steps - 1
@@ -106,14 +139,16 @@ class Partial:
             return []  # never cut a step before one of its trajectories finished
         self._cut = True
         live = tuple(t for t in view.batch(self._step) if view.trajectory(t).status in _ACTIVE)
+        self._cut_ids = frozenset(live)
         return [Interrupt(live)] if live else []
 
     def _maybe_train(self, view: ClusterView) -> list[Command]:
         carried_live = any(view.trajectory(t).status in _ACTIVE for t in self._carried)
-        if view.unfinished(self._step) == 0 and not carried_live:
+        if view.unfinished(self._step) == 0 and not carried_live and not self._retry:
             # unfinished() counts interrupted trajectories as finished
             self._rolling_out = False
-            return [Reassign(all_gpus(view), Role.TRAIN)]
+            self._phase = Role.TRAIN
+            return self._to(Role.TRAIN, view)
         return []
 
     def _train(self, view: ClusterView) -> list[Command]:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rlsched.cluster.events import RolesChanged, WorkerFailed
+from rlsched.cluster.events import RolesChanged, WorkerFailed, WorkerRecovered
 from rlsched.cluster.ids import Drain, GpuState, Role, TrajStatus
 from rlsched.cluster.state import EngineState
 
@@ -195,12 +195,17 @@ class Roles:
         if eng is None or es is None:
             return
         h.rec.event(h.now(), "Note", engine=e, detail=f"engine failed: {str(exc).splitlines()[0][:120]}")
-        for tid in list(es.queue) + sorted(es.running):
+        stopped = tuple(list(es.queue) + sorted(es.running))
+        for tid in stopped:
             rt = h.rollout.rt[tid]
             rt.pending_abort = rt.want_turn = False
             h.finish(tid, TrajStatus.INTERRUPTED, e)
         for g in es.gpus:
             h.st.roles[g] = Role.IDLE
         h.timeline.set(es.gpus, GpuState.IDLE, h.now())
+        # The actor died, not the slot: the contract's failure is reported, and the slot is
+        # usable again at once (a new engine can start on it), so it recovers immediately.
         for g in es.gpus:
-            h.emit(WorkerFailed(g))
+            h.emit(WorkerFailed(g, stopped))
+        for g in es.gpus:
+            h.emit(WorkerRecovered(g))

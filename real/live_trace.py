@@ -16,6 +16,7 @@ from rlsched.cluster.events import (
     TrajectoryFinished,
     WeightsSynced,
     WorkerFailed,
+    WorkerRecovered,
 )
 from rlsched.cluster.record import RunRecorder
 from rlsched.cluster.state import ClusterState
@@ -47,8 +48,10 @@ def describe_event(rec: RunRecorder, now: float, ev: Event, st: ClusterState) ->
             rec.event(now, "TimerFired", detail=tag)
         case MicroBatchFinished(trajectories=ts):
             rec.event(now, "MicroBatchFinished", version=st.version, detail=str(len(ts)))
-        case WorkerFailed(gpu=g):
-            rec.event(now, "WorkerFailed", gpu=g)
+        case WorkerFailed(gpu=g, trajectories=ts):
+            rec.event(now, "WorkerFailed", gpu=g, detail=str(len(ts)))
+        case WorkerRecovered(gpu=g):
+            rec.event(now, "WorkerRecovered", gpu=g)
         case _:
             rec.event(now, type(ev).__name__)
 

@@ -100,6 +100,7 @@ def recommended_toml(
     """The config text; ``specs[0]`` is the recommendation, the rest are for comparison."""
     run_items = {f.name: getattr(run, f.name) for f in fields(run)}
     run_items.pop("check")
+    run_items.pop("faults", None)  # a fault schedule is a test of the plan, not part of it
     lines = [f"# {h}" if h else "#" for h in header]
     lines += [f"trace = {_toml_value(str(trace), 'trace')}", ""]
     lines += _table("cluster", {k: run_items.pop(k) for k in _CLUSTER_KEYS})

@@ -60,7 +60,6 @@ def lower_bound(
     best_step = cost.decode_step_s(tp, bmax, 0.0)
     gpu_work = tp * (prefill + o * best_step / bmax)
     cs_solo = np.concatenate([[0.0], np.cumsum(solo)])
-    cs_env = np.concatenate([[0.0], np.cumsum(workload.env)])
     cs_work = np.concatenate([[0.0], np.cumsum(gpu_work)])
     cs_tok = np.concatenate([[0.0], cum])
     del n_rows
@@ -83,10 +82,9 @@ def lower_bound(
             # the last kept turn's tool time need not finish before training
             t_solo = (cs_solo[e] - cs_solo[s]) - workload.env[e - 1]
             path = t_solo + fl / train_rate
-            # A deferring policy may interrupt a trajectory during a tool call and resume
-            # it without the rest of that call, so its chain counts no tool time at all.
-            no_env = (cs_solo[e] - cs_solo[s]) - (cs_env[e] - cs_env[s]) + fl / train_rate
-            whole_crit = max(whole_crit, no_env)
+            # (an interrupt keeping progress leaves a tool call running: a resumed
+            # trajectory waits for its result, so tool time stays on its chain)
+            whole_crit = max(whole_crit, path)
             crit = max(crit, path)
             total_work += (cs_work[e] - cs_work[s]) + fl / (cost.peak_flops * cost.train_mfu)
         step_crit.append(crit + cost.optimizer_step_s)

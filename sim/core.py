@@ -14,6 +14,7 @@ the policy sees an event and where a trajectory is marked dispatched or finished
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import simpy
 
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.events import Event
+from rlsched.cluster.faults import FaultSchedule
 from rlsched.cluster.policy import Policy
 from rlsched.cluster.record import RunRecorder
 from rlsched.cluster.state import ClusterState
@@ -76,11 +78,42 @@ class SimTraj:
     waiting_sandbox: bool = False
     callbacks: tuple | None = None  # set while it is pending as its own timer event
     timer_token: int = 0  # env_token of that pending timer
+    hung: float = 0.0  # its pending tool call hung and is cut after this many seconds
+    fault_hits: int = 0  # times a fault stopped it (each time it was dispatched again)
 
     @property
     def turns_done_kept(self) -> int:
         """Finished, kept turns (its ``TrajState.turns_done``)."""
         return self.ts.turns_done
+
+
+STAT_KEYS = (
+    "faults",  # faults fired (explicit and rate)
+    "gpu", "trainer", "tool", "sync",  # of which, per kind
+    "without_effect",  # fired but hit nothing (GPU already failed, trainer not running...)
+    "trajectory_interruptions",  # trajectories stopped by a fault (one can be hit twice)
+    "retried_trajectories",  # distinct trajectories stopped by a fault (set at run end)
+    "wasted_tokens",  # generated tokens of turns in progress that faults threw away
+    "train_gpu_seconds_lost",  # trainer work re-run + trainer GPUs waiting for a restart
+    "sync_gpu_seconds_lost",  # GPU time of weight syncs that failed
+    "tool_seconds_lost",  # extra tool-call seconds of hung calls (limit - recorded time)
+    "failed_gpu_seconds",  # GPU-seconds GPUs spent failed
+    "armed_never_hit",  # tool/sync faults still waiting for a call/sync at run end
+)
+
+
+class FaultState:
+    """Per-run fault bookkeeping (:mod:`.faults` fires the schedule and applies the effects)."""
+
+    def __init__(self, schedule: FaultSchedule | None) -> None:
+        self.schedule = schedule
+        self.stats: dict[str, float] = dict.fromkeys(STAT_KEYS, 0)
+        self.hangs: list[str | None] = []  # armed tool hangs (target trajectory, or None: any)
+        self.sync_fails = 0  # armed weight-sync failures
+        self.fail_since: dict[int, float] = {}
+        self.fail_token: dict[int, int] = {}
+        self.rate_timers = 0
+        self.rng = random.Random(schedule.seed if schedule else 0)
 
 
 class DriverCore:
@@ -97,6 +130,7 @@ class DriverCore:
         recorder: RunRecorder | None = None,
         progress: Progress | None = None,
         charge: Callable[[list[str], dict[str, SimTraj]], float] | None = None,
+        faults: FaultSchedule | None = None,
     ) -> None:
         self.w = workload
         self.policy = policy
@@ -137,6 +171,8 @@ class DriverCore:
         self._env_callbacks = (self._env_timer,)
         self.now = 0.0  # simulated time of the timer being processed
         self._queue, self._eid = queue_of(self.env)  # see .timers
+        self._switch_gid: dict[int, int] = {}  # GPU -> switch group it is switching with
+        self.fault = FaultState(faults)  # see .faults
 
     # -------------------------------------------------------------- timers
     def _later(self, delay: float, fn: Callable[[Any, Any], None], a: Any = None, b: Any = None) -> None:

@@ -9,8 +9,9 @@ Runs are deterministic: no wall clock, no global RNG, ties broken by insertion o
 
 :class:`SimDriver` is assembled from one module per job: shared state and timers
 (:mod:`.core`), the trajectory lifecycle (:mod:`.lifecycle`), roles and engines
-(:mod:`.roles`), the trainer and weight sync (:mod:`.training`) and the run record
-(:mod:`.recording`). This module adds running the simulation and applying commands.
+(:mod:`.roles`), the trainer and weight sync (:mod:`.training`), the run record
+(:mod:`.recording`) and fault injection (:mod:`.faults`). This module adds running the
+simulation and applying commands.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from rlsched.cluster.events import RunStarted, TimerFired
 from rlsched.cluster.state import ClusterState
 
 from .core import Progress, SimTraj
+from .faults import FaultMixin
 from .lifecycle import Lifecycle
 from .recording import Recording
 from .roles import Roles
@@ -55,9 +57,10 @@ class SimResult:
     trajs: dict[str, SimTraj]
     steps: list[dict] = field(default_factory=list)
     gpu_seconds: dict[str, float] = field(default_factory=dict)
+    faults: dict[str, float] = field(default_factory=dict)  # see sim.core.STAT_KEYS
 
 
-class SimDriver(Lifecycle, Roles, Training, Recording):
+class SimDriver(Lifecycle, Roles, Training, Recording, FaultMixin):
     """One simulated run of one policy (construct, then :meth:`run` once)."""
 
     def run(self) -> SimResult:
@@ -77,6 +80,7 @@ class SimDriver(Lifecycle, Roles, Training, Recording):
             self.policy.reset(self.state, random.Random(self.cfg.seed))
             self._emit(RunStarted())
             self._pump()
+            self._arm_faults()
             if not self._done.triggered:
                 self.env.run(until=self._done)
         except RuntimeError as exc:
@@ -96,6 +100,7 @@ class SimDriver(Lifecycle, Roles, Training, Recording):
         return SimResult(
             self.state, now, complete, self.events_processed,
             wallclock.perf_counter() - t0, self.trajs, self._steps, dict(self.gpus.busy_seconds),
+            self._close_faults(),
         )
 
     def _apply(self, cmd: Command) -> None:

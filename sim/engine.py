@@ -24,6 +24,7 @@ trajectory objects (hashed by identity) rather than looked up by id.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
@@ -175,7 +176,9 @@ class EngineSim:
         progress = self.progress
         while heap:
             target, _, key, base = heap[0]
-            if target > progress + 1e-6 * (1.0 + target):
+            # (due within float rounding only: a looser slack ended turns early whenever a
+            # wake-up armed before the batch slowed fired, finishing runs below their bound)
+            if target > progress + 1e-9 * (1.0 + target):
                 break
             heapq.heappop(heap)
             del members[key]
@@ -205,6 +208,13 @@ class EngineSim:
         begin = self.stall_end if self.stall_end > now else now
         remaining = heap[0][0] - self.progress
         at = begin + (remaining / self.rate if remaining > 0 else 0.0)
+        if at == begin and remaining > 0:
+            # The finish is nearer than the clock resolves at this time (``remaining`` is
+            # above pop_due's tolerance, but ``remaining / rate`` is below half an ulp of
+            # ``begin``: only far into a run, e.g. after a 1e12 s role switch).
+            # Waking at ``begin`` would advance nothing and re-arm for ``begin`` forever;
+            # one tick later the member is due.
+            at = math.nextafter(begin, _INF)
         if at < self.wake_at - 1e-9:
             self.wake_at = at
             if self.callbacks is None:
@@ -216,6 +226,10 @@ class EngineSim:
             heapq.heappush(self.queue, (now + (at - now if at > now else 0.0), NORMAL, next(self.eid), ev))
 
     # ------------------------------------------------------------------ KV
+    # What policies see as ``EngineInfo.kv_used`` is ``kv_reserved``, kept in step here: the
+    # tokens admission counts against ``kv_capacity`` -- every admitted trajectory's context
+    # plus the turn it is generating, including idle contexts held through tool time (those
+    # are resident until evicted, and eviction releases them).
     def reserve(self, key: Hashable, tokens: int) -> bool:
         """Grow ``key``'s KV reservation to ``tokens``; evict idle contexts if needed."""
         have = self.reservations.get(key, 0)
@@ -233,6 +247,8 @@ class EngineSim:
                 return False
         self.reservations[key] = tokens
         self.kv_reserved += need
+        if self.es is not None:
+            self.es.kv_used = self.kv_reserved
         return True
 
     def evict(self, key: Hashable) -> None:
@@ -242,6 +258,8 @@ class EngineSim:
 
     def release(self, key: Hashable) -> None:
         self.kv_reserved -= self.reservations.pop(key, 0)
+        if self.es is not None:
+            self.es.kv_used = self.kv_reserved
 
     @property
     def decoding(self) -> int:

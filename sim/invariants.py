@@ -1,7 +1,8 @@
 """Run invariants, checked in tests and by ``--check`` at run time.
 
 * no GPU in two roles: every rollout engine's GPUs have role ROLLOUT, every trainer GPU
-  has role TRAIN, and no GPU is in both;
+  has role TRAIN, and no GPU is in both; a failed GPU (fault injection) is in no engine,
+  not in the trainer and not switching (role IDLE);
 * every trajectory of a finished run ends trained or dropped (``lost`` = 0);
 * token conservation: every generated token is either kept in its trajectory or counted
   as wasted;
@@ -33,6 +34,11 @@ def check_roles(driver: SimDriver) -> None:
             raise InvariantViolation(f"t={st.now:.3f}: GPU {g} is in the trainer and in {seen[g]}")
         if st.roles[g] is not Role.TRAIN:
             raise InvariantViolation(f"t={st.now:.3f}: GPU {g} is in the trainer but has role {st.roles[g]}")
+    for g in st.failed:
+        if st.roles[g] is not Role.IDLE or g in seen or g in driver.trainer.gpus:
+            raise InvariantViolation(
+                f"t={st.now:.3f}: GPU {g} failed but has role {st.roles[g]} or serves {seen.get(g, 'the trainer')}"
+            )
 
 
 def lost_trajectories(result: SimResult) -> list[str]:

@@ -42,6 +42,8 @@ class Lifecycle(DriverCore):
         st.mark_active(t.tid, _QUEUED, eng.id)
         if t.prompts is None:
             t.prompts, t.outputs, t.env_s = self.w.turn_lists(t.widx)
+        if t.in_env:
+            return  # interrupted in a tool call that still runs: it queues when the call returns
         eng.es.queue.append(t.tid)
         self._admit(eng)
 
@@ -179,6 +181,8 @@ class Lifecycle(DriverCore):
             self.sandbox_free -= 1
             t.sandbox = True
             delay = t.env_s[i]
+            if self.fault.hangs:
+                delay = self._hang(t, delay)
             if t.callbacks is None:  # (_env_later, inline)
                 t.callbacks = self._env_callbacks
                 t.timer_token = token
@@ -219,6 +223,8 @@ class Lifecycle(DriverCore):
             if self._events:
                 self._pump()
             return
+        if t.hung:
+            self._tool_cut(t)
         if t.waiting_sandbox or self.sandbox_queue:
             self._release_sandbox(t)
         elif t.sandbox:  # (_release_sandbox's common case, inline)
@@ -228,7 +234,7 @@ class Lifecycle(DriverCore):
         ts = t.ts
         if ts.status is _QUEUED:
             self._rejoin_after_tool(t)
-        else:
+        elif ts.status is _RUNNING:  # (else interrupted meanwhile: it waits for a Dispatch)
             eng = self.engines[ts.engine]
             eng.env_lru.pop(t, None)
             i = ts.turns_done
@@ -301,11 +307,14 @@ class Lifecycle(DriverCore):
             u.sandbox = True
             self.sandbox_free -= 1
             env_s = u.env_s[u.ts.turns_done - 1] if u.env_s is not None else 0.0
+            if self.fault.hangs:
+                env_s = self._hang(u, env_s)
             self._env_later(u, env_s, u.env_token)
 
     # ------------------------------------------------------ leaving engines
     def _finish(self, t: SimTraj, status: TrajStatus, e: int, note: str = "") -> None:
-        t.prompts = t.outputs = t.env_s = None  # free per-turn data
+        if not t.in_env:  # (a tool call that runs on past an interrupt still needs env_s)
+            t.prompts = t.outputs = t.env_s = None  # free per-turn data
         t.kv_cached = False
         self.state.advance(self.now)
         self.state.mark_finished(t.tid, status)
@@ -320,12 +329,17 @@ class Lifecycle(DriverCore):
         in_env = t.in_env
         if eng is not None:
             self._detach(t, eng)
-        t.env_token += 1
         t.wasted += t.turn_progress
         t.mid_turn, t.turn_progress, t.moved_at = False, 0, -1.0
-        if in_env:
-            t.in_env = False
-            self._release_sandbox(t)
+        # Keeping progress, a tool call in flight runs on (as on the live driver): the next
+        # turn's prompt is its output, so a resumed trajectory waits for it (see _dispatch
+        # and _env_timer). Starting over abandons it.
+        if not (in_env and keep):
+            t.env_token += 1  # cancels a pending tool-call completion
+            t.hung = 0.0
+            if in_env:
+                t.in_env = False
+                self._release_sandbox(t)
         if not keep:
             t.wasted += t.output_kept
             t.ctx = t.prompt_kept = t.output_kept = 0
@@ -350,7 +364,11 @@ class Lifecycle(DriverCore):
         eng.release(t)
 
     def _move_out(self, t: SimTraj, eng: EngineSim) -> None:
-        """Migrate ``t`` off engine ``eng`` to the least-loaded other engine."""
+        """Migrate ``t`` off engine ``eng`` to the least-loaded other engine (or, if a
+        failure left none, stop it with its finished turns kept)."""
+        if all(x.draining for x in self.state.engines_.values()):
+            self._interrupt(t, keep=True)
+            return
         ts = t.ts
         had_kv = t.kv_cached or t.mid_turn
         self._detach(t, eng)

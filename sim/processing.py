@@ -46,14 +46,19 @@ def group_flops(
         present = {rid for rid, _, _ in rows}
         inputs = []
         for rid, i, kept in rows:
-            s = int(workload.start[i])
-            toks = (workload.prompt[s : s + kept] + workload.output[s : s + kept]).tolist()
+            # Every turn of the trace goes in, with ``finished_turns`` saying how many are
+            # kept: the shared turns of a fork are its parent's *trace* turns, whether or not
+            # the parent's replay got that far (an interrupted parent may keep fewer turns
+            # than a fork that branched after them; its kept path is then a prefix of the
+            # fork's and is merged into it).
+            s, e = int(workload.start[i]), int(workload.start[i] + workload.turns[i])
+            toks = (workload.prompt[s:e] + workload.output[s:e]).tolist()
             parent = workload.parent[i]
             parent_run = None if parent is None else parent + _suffix(rid)
             if parent_run not in present:
                 parent_run = None
             branch = int(workload.branch_turn[i]) if parent_run is not None else None
-            inputs.append(TrajTokens(rid, parent_run, branch, tuple(toks)))
+            inputs.append(TrajTokens(rid, parent_run, branch, tuple(toks), finished_turns=kept))
         res = process_group(inputs)
         for node in res.nodes:
             flops += cost.train_flops(node.tokens, node.offset)

@@ -15,10 +15,15 @@ from rlsched.cluster.events import (
     Event,
     MicroBatchFinished,
     RolesChanged,
+    SyncFailed,
     TimerFired,
+    ToolTimedOut,
+    TrainerFailed,
     TrainStepFinished,
     TrajectoryFinished,
     WeightsSynced,
+    WorkerFailed,
+    WorkerRecovered,
 )
 
 from .core import DriverCore
@@ -57,6 +62,17 @@ class Recording(DriverCore):
                 self.rec.event(now, "TimerFired", detail=tag)
             case MicroBatchFinished(trajectories=ts):
                 self.rec.event(now, "MicroBatchFinished", version=self.state.version, detail=str(len(ts)))
+            case WorkerFailed(gpu=g, trajectories=ts):
+                self.rec.event(now, "WorkerFailed", gpu=g, detail=f"{len(ts)} trajectories interrupted")
+            case WorkerRecovered(gpu=g):
+                self.rec.event(now, "WorkerRecovered", gpu=g)
+            case TrainerFailed(version=v, restart_s=r):
+                self.rec.event(now, "TrainerFailed", version=v, detail=f"restart {r:g}s")
+            case ToolTimedOut(trajectory=t, seconds=sec):
+                self.rec.event(now, "ToolTimedOut", step=self.state.trajs[t].step, trajectory=t,
+                               detail=f"{sec:g}s")
+            case SyncFailed(engines=es, version=v, retry_s=r):
+                self.rec.event(now, "SyncFailed", version=v, detail=f"{ids_text(es)} retry {r:g}s")
             case _:
                 self.rec.event(now, type(ev).__name__)
 

@@ -103,10 +103,12 @@ class Roles(DriverCore):
     def _start_switch(self, gpus: tuple[int, ...], gid: int, role: Role) -> None:
         st = self.state
         now = self.now
+        switch_gid = self._switch_gid
         for g in gpus:
             if st.roles[g] is Role.TRAIN:
                 self.trainer.gpus.remove(g)
             st.roles[g] = Role.SWITCHING
+            switch_gid[g] = gid
         self.gpus.set(gpus, GpuState.SWITCH, now)
         if self.rec is not None:
             self.rec.event(now, "SwitchStart", detail=f"{role.value} {ids_text(gpus)}")
@@ -116,11 +118,21 @@ class Roles(DriverCore):
         gid, role = group
         st = self.state
         now = self.now
+        switch_gid = self._switch_gid
+        if any(switch_gid.get(g) != gid for g in gpus):  # some failed meanwhile (see .faults)
+            gpus = tuple(g for g in gpus if switch_gid.get(g) == gid)
+            if not gpus:
+                return
         for g in gpus:
             st.roles[g] = role
+            del switch_gid[g]
         if role is Role.ROLLOUT:
             for e in sorted({st.engine_of(g) for g in gpus}):
-                self._open_engine(e)
+                if all(st.roles[x] is Role.ROLLOUT or st.roles[x] is Role.SWITCHING
+                       for x in st.engine_gpus(e)):
+                    self._open_engine(e)
+                else:  # a GPU of the engine failed during the switch: no engine, these idle
+                    self._orphaned(tuple(g for g in gpus if st.engine_of(g) == e), gid)
         elif role is Role.TRAIN:
             self.trainer.gpus.extend(gpus)
             self.trainer.gpus.sort()
@@ -137,10 +149,23 @@ class Roles(DriverCore):
         if role is Role.TRAIN:
             self._trainer_next()
 
+    def _orphaned(self, gpus: tuple[int, ...], gid: int) -> None:
+        """GPUs that switched to ROLLOUT but cannot form their engine go IDLE; their group
+        reports without them."""
+        st = self.state
+        for g in gpus:
+            st.roles[g] = Role.IDLE
+        self.gpus.set(gpus, GpuState.IDLE, self.now)
+        grp = self._switch_groups.get(gid)
+        if grp is not None:
+            grp[1] = tuple(x for x in grp[1] if x not in gpus)
+
     def _open_engine(self, e: int) -> None:
-        old = self.engines.get(e)
-        if old is not None:  # reopened (once per GPU of it whose switch ends): replaced
-            old.closed = True
+        if e in self.engines:
+            # Called once per GPU of the engine whose switch ends (all at one instant): the
+            # first call opens it; later ones keep it. (Replacing it would drop trajectories
+            # a policy dispatched to it in between, e.g. on its EngineIdle.)
+            return
         gpus = self.state.engine_gpus(e)
         v = self.state.version
         es = EngineState(e, gpus, v, self.kv_capacity)

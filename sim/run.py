@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from rlsched.cluster.config import RunConfig
+from rlsched.cluster.faults import FaultSchedule
 from rlsched.cluster.ids import TrajStatus
 from rlsched.cluster.policy import Policy
 from rlsched.cluster.record import RunRecorder
@@ -42,13 +43,25 @@ def simulate(
     spec: str | None = None,
     meta: dict[str, Any] | None = None,
     progress: Progress | None = None,
+    faults: FaultSchedule | None = None,
 ) -> SimOutcome:
-    """Replay ``batches`` under ``policy``; write a run record to ``out_dir`` if given."""
+    """Replay ``batches`` under ``policy``; write a run record to ``out_dir`` if given.
+
+    ``faults`` (default: ``config.faults``, the ``[faults]`` table) injects failures; see
+    :mod:`rlsched.cluster.faults`. The record's meta then has ``faults`` (what they cost,
+    :data:`rlsched.sim.core.STAT_KEYS`) and ``fault_schedule``.
+    """
+    schedule = faults if faults is not None else config.faults
+    if schedule is not None and not isinstance(schedule, FaultSchedule):
+        raise TypeError(f"simulate(faults=...): expected a FaultSchedule, got {type(schedule).__name__}")
+    if schedule:
+        schedule.check_gpus(config.gpus)
     recorder = RunRecorder(out_dir) if out_dir is not None else None
     t0 = wallclock.perf_counter()
     charge = processor_charge(workload, cost) if config.processor else None
     driver = SimDriver(
-        workload, batches, policy, config, cost, recorder=recorder, progress=progress, charge=charge
+        workload, batches, policy, config, cost, recorder=recorder, progress=progress, charge=charge,
+        faults=schedule or None,
     )
     result = driver.run()
     kept = {t: ts.turns_done for t, ts in result.state.trajs.items()}
@@ -90,6 +103,7 @@ def simulate(
                 "cost_model": cost.to_dict(),
                 "wall_seconds": wallclock.perf_counter() - t0,
                 "events_processed": result.events_processed,
+                **({"faults": result.faults, "fault_schedule": schedule.to_dict()} if schedule else {}),
                 **(meta or {}),
             },
         )
@@ -97,7 +111,10 @@ def simulate(
 
 
 def _config_dict(config: RunConfig) -> dict[str, Any]:
-    return {k: getattr(config, k) for k in config.__dataclass_fields__}
+    out = {k: getattr(config, k) for k in config.__dataclass_fields__}
+    if isinstance(out.get("faults"), FaultSchedule):
+        out["faults"] = out["faults"].to_dict()
+    return out
 
 
 def trajectory_table(result: SimResult, workload: Workload) -> pd.DataFrame:

@@ -27,6 +27,14 @@ class TrainerSim:
     accumulated: list[str] = field(default_factory=list)
     busy_seconds: float = 0.0
     step_seconds: float = 0.0  # busy time of the current optimizer step
+    # the running job (a fault can abort it: see rlsched.sim.faults)
+    run_token: int = 0  # bumped per start and per abort; a stale completion is ignored
+    run_started: float = 0.0
+    run_gpus: tuple[int, ...] = ()
+    # micro-batches finished since the last optimizer step: (job, seconds, GPUs); a
+    # fault re-runs them
+    done_jobs: list[tuple[MicroBatchJob, float, int]] = field(default_factory=list)
+    restart_until: float = 0.0  # no job starts before this (trainer restarting)
     _runs_of: tuple[int, ...] = ()
     _runs: tuple[tuple[int, int], ...] = ()
 

@@ -4,7 +4,7 @@ stalls the named engines for the cost model's sync time, then gives them the ver
 
 from __future__ import annotations
 
-from rlsched.cluster.events import MicroBatchFinished, TrainStepFinished, WeightsSynced
+from rlsched.cluster.events import MicroBatchFinished, SyncFailed, TrainStepFinished, WeightsSynced
 from rlsched.cluster.ids import GpuState
 
 from .core import DriverCore, SimTraj
@@ -33,6 +33,9 @@ class Training(DriverCore):
 
     def _sync_done(self, engines: tuple[int, ...], version: int) -> None:
         live = tuple(e for e in engines if e in self.engines)
+        if self.fault.sync_fails and live:
+            self._sync_failed(live, version)
+            return
         for e in live:
             eng = self.engines[e]
             eng.version = version
@@ -43,6 +46,29 @@ class Training(DriverCore):
         if self.rec is not None:
             self.rec.event(self.now, "SyncEnd", version=version, detail=ids_text(live))
         self._emit(WeightsSynced(live, version))
+
+    def _sync_failed(self, live: tuple[int, ...], version: int) -> None:
+        """An armed sync fault hits this sync: the engines keep their weights and go on
+        generating; the same engines are synced again after ``sync_retry_s``."""
+        f = self.fault
+        f.sync_fails -= 1
+        retry = f.schedule.sync_retry_s if f.schedule else 0.0
+        for e in live:
+            eng = self.engines[e]
+            eng.es.syncing = False
+            self._engine_touch(eng)
+            eng.rearm(self.now)
+        lost = self.cost.sync_s() * self.cfg.tp * len(live)
+        f.stats["sync_gpu_seconds_lost"] += lost
+        if self.rec is not None:
+            self.rec.event(self.now, "Fault", version=version,
+                           detail=f"sync: weight sync of version {version} to engines {ids_text(live)} "
+                                  f"failed ({lost:.1f} GPU-s lost); retry in {retry:g}s")
+        self._emit(SyncFailed(live, version, retry))
+        self._later(retry, self._sync_retry, live)
+
+    def _sync_retry(self, engines: tuple[int, ...], _unused: None) -> None:
+        self._sync(tuple(e for e in engines if e in self.engines))
 
     # ------------------------------------------------------------- trainer
     def _trained_tokens(self, tid: str) -> int:
@@ -67,7 +93,7 @@ class Training(DriverCore):
 
     def _trainer_next(self) -> None:
         tr = self.trainer
-        if tr.running is not None or not tr.jobs or not tr.gpus:
+        if tr.running is not None or not tr.jobs or not tr.gpus or tr.restart_until > self.now:
             return
         job = tr.jobs.popleft()
         tr.running = job
@@ -81,11 +107,16 @@ class Training(DriverCore):
         else:
             secs = self.cost.optimizer_step_s
         tr.step_seconds += secs
+        tr.run_token += 1
+        tr.run_started, tr.run_gpus = now, gpus
         self.gpus.set_runs(tr.runs(gpus), GpuState.TRAIN, now, step=st.version)
-        self._later(secs, self._trainer_done, job, gpus)
+        self._later(secs, self._trainer_done, job, (gpus, tr.run_token, secs))
 
-    def _trainer_done(self, job: MicroBatchJob | OptimizerJob, gpus: tuple[int, ...]) -> None:
+    def _trainer_done(self, job: MicroBatchJob | OptimizerJob, run: tuple[tuple[int, ...], int, float]) -> None:
         tr = self.trainer
+        gpus, token, secs = run
+        if token != tr.run_token:
+            return  # aborted by a fault (re-queued, see .faults)
         st = self.state
         now = self.now
         tr.running = None
@@ -94,6 +125,7 @@ class Training(DriverCore):
         if isinstance(job, MicroBatchJob):
             tr.accumulated.extend(job.trajectories)
             st.accumulated = tr.accumulated
+            tr.done_jobs.append((job, secs, len(gpus)))
             self._emit(MicroBatchFinished(job.trajectories))
         else:
             trained = tr.accumulated
@@ -107,6 +139,7 @@ class Training(DriverCore):
             })
             tr.step_seconds = 0.0
             tr.accumulated = []
+            tr.done_jobs = []
             st.accumulated = tr.accumulated
             st.version += 1
             self._emit(TrainStepFinished(st.version))

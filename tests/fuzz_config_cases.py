@@ -30,7 +30,7 @@ from rlsched.cluster.config import RunConfig
 _COUNTS = ("gpus", "tp", "steps", "sandbox_slots", "tasks_per_step", "samples_per_task")
 _FLAGS = ("seed", "processor", "check")
 _RUN_KEYS = tuple(f.name for f in fields(RunConfig))
-_SECTIONS = ("cluster", "run", "cost", "policy", "live", "trace")
+_SECTIONS = ("cluster", "run", "cost", "policy", "live", "trace", "faults")
 
 
 @dataclass(frozen=True)

@@ -208,13 +208,35 @@ def test_winner_that_loses_badly_on_a_resample_is_flagged() -> None:
     assert pick == "risky" and not flags
 
 
-def test_a_policy_that_stalls_is_rejected_not_fatal() -> None:
+class FakeStallingPolicy:
+    """A fake that never dispatches anything: the simulator must call it stalled."""
+
+    name = "fake-stall"
+    params: tuple = ()
+    max_staleness = 0
+    defers = False
+
+    def reset(self, view, rng) -> None:
+        pass
+
+    def on_event(self, event, view):
+        return []
+
+
+@pytest.fixture
+def stalling_policy():
+    from rlsched.policies import registry
+
+    registry.register(FakeStallingPolicy)
+    yield FakeStallingPolicy.name
+    registry._REGISTRY.pop(FakeStallingPolicy.name, None)
+
+
+def test_a_policy_that_stalls_is_rejected_not_fatal(stalling_policy) -> None:
     df = generate_trace("uniform", seed=0, tasks=8, samples=4)
     setup = PlanSetup(df, RunConfig(gpus=16, tp=4, steps=2, tasks_per_step=4), CostModel())
-    ev = evaluate_with(setup, Job(BASE, "elastic:min_engines=4", 2))
-    if not ev.error:
-        pytest.skip("elastic no longer stalls when min_engines >= engines; nothing to reject")
-    assert "stalled" in ev.error and not judge(ev, ev, 1).feasible
+    ev = evaluate_with(setup, Job(BASE, stalling_policy, 2))
+    assert ev.error and "stalled" in ev.error and not judge(ev, ev, 1).feasible
 
 
 def test_trace_variants_are_valid_traces() -> None:
