@@ -8,11 +8,13 @@ path and environment that ``rlsched run --live --config`` will start.
 Order (each step reuses what the previous one left, as a live run would):
 
 1. publish the checkpoint's weights (a live run's engines load them at every boot);
-2. switch to rollout: boot every engine group in parallel (timed per group);
+2. switch to rollout: boot every engine group in parallel (timed for all of them: the
+   row's ``gpus`` is the cluster's GPUs);
 3. engine benchmarks on all engines at once (decode, prefill, prefix hits, KV), weight reloads;
 4. switch to train: kill the engines, grow the trainer lane one engine's slots at a time;
 5. trainer benchmarks at the full width, then at one rank; optimizer steps;
-6. the switch round trip once more (offload, boot; kill, restore) for a second sample;
+6. the switch round trip once more (offload, boot; kill, restore) for a second sample, and
+   each round one group alone (elastic's move), so the per-GPU switch term can be fitted;
 7. tool calls in the shipped environment; then fit (:mod:`.calibrate_fit`).
 """
 
@@ -112,24 +114,47 @@ class _Rig:
     def to_rollout(self) -> float:
         """Offload the trainer if it runs, then boot one engine per group in parallel, each
         loading the published weights; seconds until the last engine is ready."""
+        t0 = time.perf_counter()
+        if self.lane.group is not None:
+            self.lane.set_slots([]).result()
+        self.engines = self._boot(self.groups)
+        return time.perf_counter() - t0
+
+    def move_one(self) -> tuple[float, float]:
+        """Elastic's move, timed alone (the whole-cluster switches cost more per GPU on a
+        shared host): the last group leaves the trainer and boots its engine (to rollout),
+        then the engine is killed and the group rejoins the trainer (to train)."""
+        import ray
+
+        grp = self.groups[-1]
+        rest = sorted(g for other in self.groups[:-1] for g in other)
+        t0 = time.perf_counter()
+        self.lane.set_slots(rest).result()
+        (actor,) = self._boot([grp])
+        up = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ray.kill(actor)
+        self.lane.set_slots(sorted({*rest, *grp})).result()
+        return up, time.perf_counter() - t0
+
+    def _boot(self, groups: list[list[int]]) -> list[Any]:
+        """One engine per group, booted in parallel with the published weights."""
         import ray
 
         from .calibrate_engine import bench_actor_class
         from .ray_cluster import slots_options, wait_ready
 
-        t0 = time.perf_counter()
-        if self.lane.group is not None:
-            self.lane.set_slots([]).result()
         pub = self.weights.current
         cls = bench_actor_class()
-        self.engines = [cls.options(**slots_options(g, gpus=self.cluster.gpus)).remote(
+        ids = [self.groups.index(g) for g in groups]
+        engines = [cls.options(**slots_options(g, gpus=self.cluster.gpus)).remote(
             self.engine_settings, engine_id=e, version=pub.version if pub else 0)
-            for e, g in enumerate(self.groups)]
-        for e, actor in enumerate(self.engines):
-            wait_ready(actor.info.remote(), f"engine {e}", self.groups[e], self.s.start_timeout_s)
+            for e, g in zip(ids, groups, strict=True)]
+        for e, g, actor in zip(ids, groups, engines, strict=True):
+            wait_ready(actor.info.remote(), f"engine {e}", g, self.s.start_timeout_s)
         if pub is not None:
-            ray.get([a.update_weights.remote(pub.ref, pub.version) for a in self.engines])
-        return time.perf_counter() - t0
+            ray.get([a.update_weights.remote(pub.ref, pub.version) for a in engines])
+        return engines
 
     def to_train(self) -> float:
         """Kill the engines, then grow the trainer by one engine's slots at a time (the
@@ -175,7 +200,7 @@ def calibrate(run: Any, settings: Any, *, seed: int = 0, plan: BenchPlan | None 
             state = checkpoint_state(model_dir)
             rig.weights.publish(state, 1)
             secs = rig.to_rollout()
-            rows.append({"component": "switch", "kind": "to_rollout", "seconds": secs})
+            rows.append({"component": "switch", "kind": "to_rollout", "seconds": secs, "gpus": run.gpus})
             say(f"switch to rollout ({len(rig.groups)} engines in parallel): {secs:.1f}s")
             import ray
 
@@ -187,10 +212,10 @@ def calibrate(run: Any, settings: Any, *, seed: int = 0, plan: BenchPlan | None 
             for k in range(plan.switch_rounds):
                 if k:
                     secs = rig.to_rollout()
-                    rows.append({"component": "switch", "kind": "to_rollout", "seconds": secs})
+                    rows.append({"component": "switch", "kind": "to_rollout", "seconds": secs, "gpus": run.gpus})
                     say(f"switch to rollout: {secs:.1f}s")
                 secs = rig.to_train()
-                rows.append({"component": "switch", "kind": "to_train", "seconds": secs})
+                rows.append({"component": "switch", "kind": "to_train", "seconds": secs, "gpus": run.gpus})
                 say(f"switch to train ({len(rig.groups)} groups joining one by one): {secs:.1f}s")
                 if k == 0:
                     world = len(rig.lane.group.slots)
@@ -201,6 +226,12 @@ def calibrate(run: Any, settings: Any, *, seed: int = 0, plan: BenchPlan | None 
                         rig.lane.set_slots(sorted(g for grp in rig.groups for g in grp)).result()
                     rows += bench_optimizer(rig.lane, vocab, plan, seed)
                     say(f"train: {len(plan.train_shapes) * plan.repeats} micro-batches per width, optimizer steps")
+                if len(rig.groups) > 1:  # one group alone: the per-GPU slope of a switch
+                    up, down = rig.move_one()
+                    one = len(rig.groups[-1])
+                    rows.append({"component": "switch", "kind": "to_rollout", "seconds": up, "gpus": one})
+                    rows.append({"component": "switch", "kind": "to_train", "seconds": down, "gpus": one})
+                    say(f"switch of one group alone: to rollout {up:.1f}s, to train {down:.1f}s")
         finally:
             rig.stop()
     setup = _Setup(run, settings, seed)
@@ -218,9 +249,20 @@ def calibrate(run: Any, settings: Any, *, seed: int = 0, plan: BenchPlan | None 
 def fit_measurements(table: pd.DataFrame, info: dict[str, Any]) -> CalibrationRun:
     """Fit a table of measurements (fresh, or read back by ``--from-measurements``)."""
     base = replace(CostModel(), **info["base"])
-    fit = fit_all(table, base, int(info["tp"]))
+    fit = fit_all(_with_switch_gpus(table, int(info.get("gpus", 1))), base, int(info["tp"]))
     info = {**info, "tools_median_seconds": tool_summary(table), "measurements": len(table)}
     return CalibrationRun(fit, table, info)
+
+
+def _with_switch_gpus(table: pd.DataFrame, gpus: int) -> pd.DataFrame:
+    """Switch rows name how many GPUs switched together (``gpus``); measurements written
+    before that column existed moved the whole cluster at once, so they get ``gpus``."""
+    table = table.copy()
+    if "gpus" not in table.columns:
+        table["gpus"] = float("nan")
+    switch = table["component"] == "switch"
+    table.loc[switch, "gpus"] = table.loc[switch, "gpus"].fillna(gpus)
+    return table
 
 
 def refit(measurements_csv: Path) -> CalibrationRun:

@@ -8,7 +8,8 @@ live backend's own components, driven the way a live run drives them.
   token counts at each data-parallel width, optimizer step + weight export + publish);
 * role switches: the live driver's own moves -- engines killed and booted with the
   published weights, the trainer lane started, resized and offloaded -- timed per group of
-  GPUs, as the simulator charges ``switch_s`` per group;
+  GPUs and direction (one group alone and the whole cluster), as the simulator charges
+  ``CostModel.switch_seconds(role, gpus)`` per reassignment;
 * tools: the shipped environment's real sandboxed calls (reset, an action, the final
   hidden-test run).
 

@@ -163,20 +163,52 @@ def fit_constant(rows: pd.DataFrame, component: str, name: str, c: CostModel,
     return cost, quality(component, y, pred, {name: value}, note=note, constant=True), y, pred
 
 
+_DIRECTIONS = {"to_train": "train", "to_rollout": "rollout"}
+
+
 def fit_switch(rows: pd.DataFrame, c: CostModel) -> Fitted:
-    """One ``switch_s`` for every role change: the mean over directions (to rollout, to
-    train) of each direction's *median* -- a switch that overlapped another process's
-    engine boot on a shared host is an outlier, and the simulator charges both directions
-    equally often in a colocated step."""
+    """Role switches per direction (``switch_to_<role>_s`` and its ``_per_gpu_s`` slope),
+    because live the two differ several-fold (engines boot going to rollout; the trainer
+    grows one rank at a time going to train) and a group costs more than one GPU.
+
+    ``gpus`` on a row is how many GPUs switched together. A direction measured at one group
+    size gets its *median* (a switch that overlapped another process's engine boot on a
+    shared host is an outlier) and no slope; at two or more sizes a robust line
+    ``seconds = constant + slope * (gpus - 1)``. ``switch_s`` becomes the cheapest measured
+    switch: with both directions set the simulator charges it for none, and
+    ``sim/bound.py`` takes it as the cheapest switch, so its bound stays a lower bound.
+    Rows without a direction fit ``switch_s`` alone.
+    """
     d = _need(rows, "switch")
     y = d["seconds"].to_numpy(float)
-    kinds = d["kind"].fillna("switch").astype(str)
-    medians = {k: float(g.median()) for k, g in d.groupby(kinds)["seconds"]}
-    value = float(np.mean(list(medians.values())))
-    cost = c.with_overrides({"switch_s": value}, source="calibration (switch)")
-    pred = np.full(len(y), value)
-    note = "one constant; medians " + ", ".join(f"{k} {v:.1f}s" for k, v in sorted(medians.items()))
-    return cost, quality("switch", y, pred, {"switch_s": value}, note=note, constant=True), y, pred
+    kinds = d["kind"].fillna("switch").astype(str).to_numpy()
+    gpus = (d["gpus"].fillna(1) if "gpus" in d.columns else pd.Series(1.0, index=d.index)).to_numpy(float)
+    fitted: dict[str, float] = {}
+    notes: list[str] = []
+    for kind, role in _DIRECTIONS.items():
+        m = kinds == kind
+        if not m.any():
+            continue
+        yk, extra = y[m], gpus[m] - 1
+        sizes = sorted({int(g) for g in gpus[m]})
+        if len(sizes) < 2:
+            const, slope = float(np.median(yk)), 0.0
+        else:
+            x = _solve(lambda x, yk=yk, extra=extra: x[0] + x[1] * extra - yk,
+                       [[float(np.min(yk)), 0.0]], [0.0, 0.0], [3600.0, 3600.0], float(np.median(yk)) * 0.1)
+            const, slope = float(x[0]), float(x[1])
+        fitted[f"switch_to_{role}_s"] = const
+        fitted[f"switch_to_{role}_per_gpu_s"] = slope
+        notes.append(f"{kind} GPUs {sizes}" if len(sizes) > 1 else f"{kind} at {sizes[0]} GPUs only: no slope")
+    if fitted:
+        fitted["switch_s"] = min(v for k, v in fitted.items() if not k.endswith("_per_gpu_s"))
+    else:
+        fitted["switch_s"] = float(np.median(y))
+        notes.append("no direction: one constant")
+    cost = c.with_overrides(fitted, source="calibration (switch)")
+    roles = [_DIRECTIONS.get(k, "switch") for k in kinds]
+    pred = np.array([cost.switch_seconds(r, int(g)) for r, g in zip(roles, gpus, strict=True)])
+    return cost, quality("switch", y, pred, fitted, note="; ".join(notes)), y, pred
 
 
 def fit_sync(rows: pd.DataFrame, c: CostModel) -> Fitted:

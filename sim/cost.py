@@ -26,7 +26,13 @@ Formulas (all times in seconds, per engine of ``tp`` GPUs):
   at ``train_mfu`` of peak on the trainer's GPUs; an optimizer step costs
   ``optimizer_step_s``.
 * weight sync: ``sync_latency_s + weight_bytes / sync_bw`` (engines pause meanwhile).
-* role switch: ``switch_s`` per GPU group (offload/onload, process-group rebuild).
+* role switch of ``g`` GPUs that switch together (one engine's, or one GPU)::
+
+      switch_to_<role>_s (0: use switch_s) + switch_to_<role>_per_gpu_s * (g - 1)
+
+  the directions differ live (booting engines vs. growing the trainer), and a group costs
+  more than one GPU, so each direction may have its own constant and per-GPU slope;
+  ``switch_s`` alone (the default) charges every switch the same.
 * migration of a trajectory's context: the cheaper of a KV transfer
   (``kv_bytes_per_token * ctx / kv_transfer_bw``) and re-prefilling it.
 """
@@ -70,6 +76,10 @@ class CostModel:
     sync_latency_s: float = 1.0
     kv_transfer_bw: float = 50e9
     switch_s: float = 8.0
+    switch_to_train_s: float = 0.0  # 0: use switch_s
+    switch_to_rollout_s: float = 0.0  # 0: use switch_s
+    switch_to_train_per_gpu_s: float = 0.0  # per GPU beyond the first switching together
+    switch_to_rollout_per_gpu_s: float = 0.0  # per GPU beyond the first switching together
     optimizer_step_s: float = 1.0
 
     def __post_init__(self) -> None:
@@ -84,6 +94,11 @@ class CostModel:
                 raise ConfigError(
                     f"cost model: {f.name}={_short(v)}: expected {unit} in [{lo:g}, {hi:g}]"
                 )
+        for name in ("switch_to_train_s", "switch_to_rollout_s"):
+            v = getattr(self, name)
+            if 0 < v < self.switch_s:  # sim/bound.py charges switch_s as the cheapest switch
+                raise ConfigError(f"cost model: {name}={_short(v)} is below switch_s={_short(self.switch_s)}: "
+                                  "set switch_s to the cheapest switch (the lower bound charges it)")
         if self.kv_capacity_tokens(1) < 1 and self.kv_capacity_tokens(8) < 1:
             raise ConfigError("cost model: the model's weights do not fit in GPU memory")
 
@@ -121,6 +136,24 @@ class CostModel:
 
     def sync_s(self) -> float:
         return self.sync_latency_s + self.weight_bytes / self.sync_bw
+
+    def switch_seconds(self, role: str, gpus: int) -> float:
+        """Seconds for one switch of ``gpus`` GPUs that move together to ``role`` (a Role
+        value: ``"train"``, ``"rollout"``; any other role costs ``switch_s``).
+
+        Live, the directions differ several-fold (engines boot going to rollout; the
+        trainer grows rank by rank going to train) and a group of GPUs that switch at once
+        shares the host, so each direction has an optional constant and per-GPU slope. A
+        zero constant falls back to ``switch_s`` and a zero slope adds nothing, which keeps
+        every default output as it was before these fields existed.
+        """
+        if role == "train":
+            base, slope = self.switch_to_train_s, self.switch_to_train_per_gpu_s
+        elif role == "rollout":
+            base, slope = self.switch_to_rollout_s, self.switch_to_rollout_per_gpu_s
+        else:
+            base, slope = 0.0, 0.0
+        return (base if base > 0 else self.switch_s) + slope * max(0, gpus - 1)
 
     def migrate_s(self, tp: int, context: float) -> tuple[float, bool]:
         """(seconds, by_prefill): the cheaper way to move ``context`` tokens of KV."""
@@ -176,7 +209,9 @@ class CostModel:
 
 
 _MAY_BE_ZERO = frozenset(
-    {"decode_overhead_s", "sync_latency_s", "switch_s", "optimizer_step_s"}
+    {"decode_overhead_s", "sync_latency_s", "switch_s", "switch_to_train_s",
+     "switch_to_rollout_s", "switch_to_train_per_gpu_s", "switch_to_rollout_per_gpu_s",
+     "optimizer_step_s"}
 )
 _MAX_WHOLE = 10**30  # larger whole numbers in a cost file are typos, not hardware
 _MAX_SECONDS = 1e6  # ~12 days for one switch, sync or step: beyond it the clock stalls
@@ -212,6 +247,10 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "sync_latency_s": (0.0, _MAX_SECONDS, _SECS),
     "kv_transfer_bw": (1.0, 1e24, _RATE),
     "switch_s": (0.0, _MAX_SECONDS, _SECS),
+    "switch_to_train_s": (0.0, _MAX_SECONDS, _SECS),
+    "switch_to_rollout_s": (0.0, _MAX_SECONDS, _SECS),
+    "switch_to_train_per_gpu_s": (0.0, _MAX_SECONDS, _SECS),
+    "switch_to_rollout_per_gpu_s": (0.0, _MAX_SECONDS, _SECS),
     "optimizer_step_s": (0.0, _MAX_SECONDS, _SECS),
 }
 

@@ -112,7 +112,12 @@ class Roles(DriverCore):
         self.gpus.set(gpus, GpuState.SWITCH, now)
         if self.rec is not None:
             self.rec.event(now, "SwitchStart", detail=f"{role.value} {ids_text(gpus)}")
-        self._later(self.cost.switch_s, self._end_switch, gpus, (gid, role))
+        # Live, the GPUs of one Reassign switch at once and share the host (engines boot
+        # side by side; the trainer grows rank by rank), so the per-GPU term counts the
+        # command's GPUs, not only this engine's.
+        grp = self._switch_groups.get(gid)
+        seconds = self.cost.switch_seconds(role.value, len(grp[1]) if grp else len(gpus))
+        self._later(seconds, self._end_switch, gpus, (gid, role))
 
     def _end_switch(self, gpus: tuple[int, ...], group: tuple[int, Role]) -> None:
         gid, role = group

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 from hypothesis import strategies as st
 
 from rlsched.policies import available
-from rlsched.sim.cost import CostModel
+from rlsched.sim.cost import _MAY_BE_ZERO, CostModel
 
 # ------------------------------------------------------------------------------ atoms
 
@@ -261,7 +261,6 @@ def policy_specs() -> st.SearchStrategy[SpecCase]:
 # ------------------------------------------------------------------------ cost models
 
 COST_FIELDS = {f.name: f for f in fields(CostModel)}
-_MAY_BE_ZERO = {"decode_overhead_s", "sync_latency_s", "switch_s", "optimizer_step_s"}
 #: Fields in "do the weights fit in GPU memory?": valid cases only move them the safe way.
 _SHRINK_ONLY = {"params", "bytes_per_param", "layers", "kv_heads", "head_dim", "kv_bytes_per_elem"}
 _GROW_ONLY = {"hbm_bytes"}

@@ -47,3 +47,16 @@ def run(
     batches = [[(t, t) for t in s] for s in steps]
     config = RunConfig(gpus=gpus, tp=tp, steps=len(steps), check=check, **cfg)
     return simulate(w, batches, make_policy(spec), config, cost, out_dir=out_dir, spec=spec)
+
+
+#: Tolerance of the hand-computed timelines.
+APPROX = dict(rel=1e-6, abs=1e-6)
+
+#: The hand-computed timelines' trace. A: 1 turn of 3 tokens; B: 1 token, 2 s of tool time,
+#: 1 token; C: 1 turn of 2 tokens.
+ABC = trace([
+    ("t", "A", 0, 10, 3, 0.0),
+    ("t", "B", 0, 10, 1, 2.0),
+    ("t", "B", 1, 5, 1, 0.0),
+    ("t", "C", 0, 10, 2, 0.0),
+])

@@ -5,17 +5,7 @@ import pytest
 
 from rlsched.cluster.record import read_run
 
-from simkit import run, trace
-
-APPROX = dict(rel=1e-6, abs=1e-6)
-
-# A: 1 turn of 3 tokens; B: 1 token, 2 s of tool time, 1 token; C: 1 turn of 2 tokens.
-ABC = trace([
-    ("t", "A", 0, 10, 3, 0.0),
-    ("t", "B", 0, 10, 1, 2.0),
-    ("t", "B", 1, 5, 1, 0.0),
-    ("t", "C", 0, 10, 2, 0.0),
-])
+from simkit import ABC, APPROX, run, trace
 
 
 def test_colocated_timeline_by_hand(tmp_path):
