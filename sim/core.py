@@ -113,6 +113,8 @@ class FaultState:
         self.fail_since: dict[int, float] = {}
         self.fail_token: dict[int, int] = {}
         self.rate_timers = 0
+        self.progress_mark: tuple[int, int] = (-1, -1)  # (version, turns done) at the last check
+        self.since_mark = 0  # faults fired since then
         self.rng = random.Random(schedule.seed if schedule else 0)
 
 

@@ -16,6 +16,7 @@ time order. A run without a schedule schedules nothing here and takes no other p
 
 from __future__ import annotations
 
+from rlsched.cluster.errors import ConfigError
 from rlsched.cluster.events import (
     RolesChanged,
     ToolTimedOut,
@@ -29,6 +30,9 @@ from rlsched.cluster.ids import GpuState, Role
 from .core import DriverCore, SimTraj
 from .engine import EngineSim
 from .trainer import MicroBatchJob
+
+#: Faults that may fire in a row while no turn and no optimizer step finishes anywhere.
+FAULTS_WITHOUT_PROGRESS = 1000
 
 
 class FaultMixin(DriverCore):
@@ -57,6 +61,7 @@ class FaultMixin(DriverCore):
         self._later(self.fault.rng.expovariate(f.per_hour / 3600.0), self._fire_rate, f)
 
     def _fire_fault(self, f: Fault, _unused: None) -> None:
+        self._check_outpaced()
         stats = self.fault.stats
         stats["faults"] += 1
         stats[f.kind] += 1
@@ -85,6 +90,24 @@ class FaultMixin(DriverCore):
         else:
             self.fault.sync_fails = 1
             self._fault_note("sync", f"next weight sync fails (retried after {sched.sync_retry_s:g}s)")
+
+    def _check_outpaced(self) -> None:
+        """End the run with one line when faults come faster than any work gets done.
+
+        A rate high enough that GPUs fail again before a turn can finish would otherwise
+        simulate forever: every FAULTS_WITHOUT_PROGRESS faults, the run's progress (optimizer
+        steps, turns finished over all trajectories) must have moved."""
+        fs = self.fault
+        fs.since_mark += 1
+        if fs.since_mark < FAULTS_WITHOUT_PROGRESS:
+            return
+        mark = (self.state.version, sum(ts.turns_done for ts in self.state.trajs.values()))
+        if mark == fs.progress_mark:
+            raise ConfigError(
+                f"[faults]: {FAULTS_WITHOUT_PROGRESS} faults fired by t={self.now:.0f}s without one "
+                "turn or step finishing: the fault rate outpaces the cluster; lower per_hour or recover_s"
+            )
+        fs.progress_mark, fs.since_mark = mark, 0
 
     def _fault_note(self, kind: str, detail: str, gpu: int = -1) -> None:
         if self.rec is not None:

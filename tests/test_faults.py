@@ -179,10 +179,20 @@ def test_sync_fault_without_a_sync_is_reported_as_never_hit(df):
 # ---------------------------------------------------------------- determinism
 @pytest.mark.parametrize("spec", SPECS)
 def test_rate_faults_are_deterministic_for_a_seed(df, spec):
-    sched = FaultSchedule((Fault("gpu", per_hour=600.0), Fault("tool", per_hour=600.0)), seed=3, recover_s=4.0)
+    sched = FaultSchedule((Fault("gpu", per_hour=120.0), Fault("tool", per_hour=600.0)), seed=3, recover_s=4.0)
     a = run(df, [["A", "B"]], spec, faults=sched)
     b = run(df, [["A", "B"]], spec, faults=sched)
     assert a.result.makespan == b.result.makespan and a.result.faults == b.result.faults
+    assert a.result.faults["gpu"] >= 1
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_faults_faster_than_any_progress_end_in_one_line(df, spec):
+    """GPUs failing every few ms (and recovering after an hour) would simulate forever."""
+    sched = FaultSchedule((Fault("gpu", per_hour=1e6),), recover_s=3600.0)
+    with pytest.raises(ConfigError, match=r"\[faults\]: 1000 faults fired by t=\d+s without one turn") as err:
+        run(df, [["A", "B"]], spec, faults=sched)
+    assert "\n" not in str(err.value)
 
 
 # ------------------------------------------------------------------- legality
