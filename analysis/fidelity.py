@@ -1,10 +1,8 @@
-"""Simulator fidelity: replay a live run's recorded trace in the simulator and compare.
+"""Simulator fidelity: compare a live run with its replay in the simulator.
 
-The live run record already holds everything a replay needs: the policy spec, the run
-config, the live settings (tasks and samples per step, concurrent tool calls, batch cap)
-and ``trace.parquet`` (every turn's tokens and measured tool seconds, with its ``step``).
-The replay runs the same policy on the same steps under a given cost model; the result
-is compared step by step (wall time of each optimizer step), in GPU-time per state, and
+The replay itself (same policy, same steps, a given cost model) is made by
+:mod:`rlsched.fidelity`, which joins the simulator and this module; here two run records
+are compared step by step (wall time of each optimizer step), in GPU-time per state, and
 in the *order* of role changes and weight syncs (a policy that reacts to timing may take
 a different path in the simulator -- that is a fidelity finding in itself).
 
@@ -16,7 +14,6 @@ a single replay can be.
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rlsched.cluster.config import RunConfig
-from rlsched.cluster.errors import ConfigError, RecordError
+from rlsched.cluster.errors import RecordError
 from rlsched.cluster.record import RunRecord, read_run
 
 from .metrics import state_seconds, step_times
@@ -45,25 +41,8 @@ class FidelityResult:
     repeat: RunRecord | None = None
 
 
-def replay_config(meta: dict[str, Any], source: Path) -> RunConfig:
-    """The simulator's RunConfig for a live run: its [cluster]/[run] values, with the
-    live-only settings that the simulator models mapped onto its own fields."""
-    cfg = meta.get("config")
-    live = meta.get("live") or {}
-    if not isinstance(cfg, dict):
-        raise RecordError(f"{source / 'meta.json'}: no 'config' table; not a run record rlsched wrote")
-    known = set(RunConfig.__dataclass_fields__)
-    kw = {k: v for k, v in cfg.items() if k in known}
-    kw["tasks_per_step"] = live.get("tasks_per_step", kw.get("tasks_per_step"))
-    kw["samples_per_task"] = live.get("samples_per_task", kw.get("samples_per_task"))
-    if "env_workers" in live:
-        kw["sandbox_slots"] = int(live["env_workers"])  # concurrent tool calls, live
-    kw["steps"] = int(meta.get("steps_done") or kw.get("steps", 1))
-    kw["check"] = False
-    return RunConfig(**kw)
-
-
-def _live_record(path: Path) -> RunRecord:
+def live_record(path: Path) -> RunRecord:
+    """Read ``path`` as a live run with a recorded trace and at least one finished step."""
     rec = read_run(path)
     if rec.meta.get("driver") != "live":
         raise RecordError(f"{path}: meta.driver is {rec.meta.get('driver')!r}; fidelity needs a live run (rlsched run --live)")
@@ -73,23 +52,6 @@ def _live_record(path: Path) -> RunRecord:
     if not trace or not (path / str(trace)).is_file():
         raise RecordError(f"{path}: no recorded trace (meta.trace -> trace.parquet); re-run it with this rlsched")
     return rec
-
-
-def replay(live: RunRecord, cost: Any, out_dir: Path) -> RunRecord:
-    """Simulate the live run's trace with its policy and config under ``cost``."""
-    from rlsched.policies import make_policy
-    from rlsched.sim.run import simulate
-    from rlsched.sim.workload import Workload
-    from rlsched.traces import draw_batches, load_trace
-
-    trace_path = live.path / str(live.meta["trace"])
-    df = load_trace(trace_path)
-    config = replay_config(live.meta, live.path)
-    batches = draw_batches(df, config.steps, config.tasks_per_step, config.samples_per_task)
-    spec = str(live.meta["policy"])
-    simulate(Workload.from_frame(df), batches, make_policy(spec), config, cost, out_dir=out_dir,
-             spec=spec, meta={"trace": str(trace_path), "spec_as_given": spec, "replay_of": str(live.path)})
-    return read_run(out_dir)
 
 
 def step_table(live: RunRecord, sim: RunRecord, repeat: RunRecord | None = None) -> pd.DataFrame:
@@ -133,23 +95,12 @@ def event_order(rec: RunRecord) -> list[str]:
     return out
 
 
-def fidelity(live_dir: Path, cost: Any, out_dir: Path, *, force: bool = False,
-             repeat: Path | None = None) -> FidelityResult:
-    """Replay ``live_dir`` under ``cost``; write ``out_dir``/fidelity.csv and the replay."""
-    live = _live_record(Path(live_dir))
-    rep = read_run(repeat) if repeat is not None else None
-    if rep is not None and rep.meta.get("policy") != live.meta.get("policy"):
-        raise RecordError(f"--repeat {repeat}: policy {rep.meta.get('policy')!r} differs from the live run's {live.meta.get('policy')!r}")
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        if not force:
-            raise ConfigError(f"--out {out}: directory is not empty (use --force to replace it)")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    sim = replay(live, cost, out / "sim")
-    steps = step_table(live, sim, rep)
+def compare_runs(live: RunRecord, sim: RunRecord, repeat: RunRecord | None = None) -> FidelityResult:
+    """Per step, per GPU state and in event order: the live run against its replay."""
+    if repeat is not None and repeat.meta.get("policy") != live.meta.get("policy"):
+        raise RecordError(f"--repeat {repeat.path}: policy {repeat.meta.get('policy')!r} differs from "
+                          f"the live run's {live.meta.get('policy')!r}")
+    steps = step_table(live, sim, repeat)
     states = state_table(live, sim)
     lo, so = event_order(live), event_order(sim)
     err = steps["abs_error_pct"].to_numpy()
@@ -162,12 +113,16 @@ def fidelity(live_dir: Path, cost: Any, out_dir: Path, *, force: bool = False,
         "order_identical": lo == so, "order_first_difference": _first_difference(lo, so),
         "spread_median_pct": float(steps["spread_pct"].median()) if "spread_pct" in steps else None,
         "trajectory_seconds_live": _median_duration(live), "trajectory_seconds_sim": _median_duration(sim),
-        "live_run": str(live.path), "repeat_run": str(rep.path) if rep is not None else None,
+        "live_run": str(live.path), "repeat_run": str(repeat.path) if repeat is not None else None,
     }
-    steps.to_csv(out / "fidelity.csv", index=False)
-    states.to_csv(out / "fidelity_states.csv", index=False)
-    (out / "fidelity_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return FidelityResult(live, sim, steps, states, lo, so, summary, rep)
+    return FidelityResult(live, sim, steps, states, lo, so, summary, repeat)
+
+
+def write_tables(result: FidelityResult, out: Path) -> None:
+    """``fidelity.csv``, ``fidelity_states.csv`` and ``fidelity_summary.json``."""
+    result.steps.to_csv(out / "fidelity.csv", index=False)
+    result.states.to_csv(out / "fidelity_states.csv", index=False)
+    (out / "fidelity_summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
 
 
 def _median_duration(rec: RunRecord) -> float:

@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rlsched.analysis.fidelity import fidelity, step_table
+from rlsched.analysis.fidelity import step_table
 from rlsched.analysis.fidelity_report import write_fidelity_report
 from rlsched.cluster.record import RunRecord
+from rlsched.fidelity import fidelity
 from rlsched.sim.cost import CostModel
 
 

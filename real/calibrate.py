@@ -15,7 +15,11 @@ Order (each step reuses what the previous one left, as a live run would):
 5. trainer benchmarks at the full width, then at one rank; optimizer steps;
 6. the switch round trip once more (offload, boot; kill, restore) for a second sample, and
    each round one group alone (elastic's move), so the per-GPU switch term can be fitted;
-7. tool calls in the shipped environment; then fit (:mod:`.calibrate_fit`).
+7. tool calls in the shipped environment.
+
+This module only measures; fitting the simulator's cost model to the measurements is
+:mod:`rlsched.sim.calibration`'s job, and :mod:`rlsched.calibration` joins the two (the
+live backend never imports the simulator).
 """
 
 from __future__ import annotations
@@ -24,14 +28,12 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from rlsched.cluster.errors import LiveBackendError
-from rlsched.sim.cost import CostModel
 
 from .calibrate_bench import (
     BenchPlan,
@@ -43,16 +45,8 @@ from .calibrate_bench import (
     checkpoint_state,
     machine_peaks,
 )
-from .calibrate_fit import Calibration, fit_all, tool_summary
 
 Say = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class CalibrationRun:
-    calibration: Calibration
-    measurements: pd.DataFrame
-    info: dict[str, Any]
 
 
 def model_shape(model_dir: Path, dtype_bytes: float) -> dict[str, float]:
@@ -180,9 +174,10 @@ class _Rig:
 
 
 def calibrate(run: Any, settings: Any, *, seed: int = 0, plan: BenchPlan | None = None,
-              say: Say = lambda _m: None) -> CalibrationRun:
-    """Measure everything; return the fitted cost model, the raw rows and host info."""
-    from .driver import _Setup  # raises one line without the [live] extra
+              say: Say = lambda _m: None) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Measure everything; return the measurements (one row each) and host info, including
+    ``base``: the cost-model fields known without fitting (model shape, machine peaks)."""
+    from .driver import make_env  # raises one line without the [live] extra
     from .ray_cluster import check_capacity
     from .tiny_model import resolve_model
 
@@ -234,60 +229,23 @@ def calibrate(run: Any, settings: Any, *, seed: int = 0, plan: BenchPlan | None 
                     say(f"switch of one group alone: to rollout {up:.1f}s, to train {down:.1f}s")
         finally:
             rig.stop()
-    setup = _Setup(run, settings, seed)
-    env_tasks = list(settings.tasks) or _env_tasks(setup)
-    rows += bench_tools(setup.make_env, env_tasks, plan, say)
+    env_tasks = list(settings.tasks) or _env_tasks(lambda: make_env(settings))
+    rows += bench_tools(lambda: make_env(settings), env_tasks, plan, say)
     table = pd.DataFrame(rows)
     base = {**_shape_fields(model_dir, on_gpus), **peaks, "max_num_seqs": settings.max_num_seqs}
     info = {
         "model_dir": str(model_dir), "on_gpus": bool(on_gpus), "gpus": run.gpus, "tp": run.tp,
         "machine_peaks": peaks, "base": base, "seconds": time.perf_counter() - t_start,
     }
-    return fit_measurements(table, info)
-
-
-def fit_measurements(table: pd.DataFrame, info: dict[str, Any]) -> CalibrationRun:
-    """Fit a table of measurements (fresh, or read back by ``--from-measurements``)."""
-    base = replace(CostModel(), **info["base"])
-    fit = fit_all(_with_switch_gpus(table, int(info.get("gpus", 1))), base, int(info["tp"]))
-    info = {**info, "tools_median_seconds": tool_summary(table), "measurements": len(table)}
-    return CalibrationRun(fit, table, info)
-
-
-def _with_switch_gpus(table: pd.DataFrame, gpus: int) -> pd.DataFrame:
-    """Switch rows name how many GPUs switched together (``gpus``); measurements written
-    before that column existed moved the whole cluster at once, so they get ``gpus``."""
-    table = table.copy()
-    if "gpus" not in table.columns:
-        table["gpus"] = float("nan")
-    switch = table["component"] == "switch"
-    table.loc[switch, "gpus"] = table.loc[switch, "gpus"].fillna(gpus)
-    return table
-
-
-def refit(measurements_csv: Path) -> CalibrationRun:
-    """Re-fit the measurements an earlier ``rlsched calibrate`` wrote (no live backend
-    needed): ``cost.measurements.csv`` plus its ``cost.info.json``."""
-    from rlsched.cluster.errors import ConfigError
-
-    info_path = measurements_csv.with_name(measurements_csv.name.replace(".measurements.csv", ".info.json"))
-    try:
-        table = pd.read_csv(measurements_csv)
-        info = json.loads(info_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{measurements_csv}: cannot re-fit ({exc.__class__.__name__}; expected the "
-                          f".measurements.csv and .info.json that rlsched calibrate wrote)") from None
-    if "component" not in table.columns or not isinstance(info, dict) or "base" not in info:
-        raise ConfigError(f"{measurements_csv}: not a calibration measurements file (no 'component' column or info)")
-    return fit_measurements(table, info)
+    return table, info
 
 
 def _shape_fields(model_dir: Path, on_gpus: bool) -> dict[str, float]:
     return model_shape(model_dir, _dtype_bytes(model_dir, on_gpus))
 
 
-def _env_tasks(setup: Any) -> list[str]:
-    env = setup.make_env()
+def _env_tasks(make: Callable[[], Any]) -> list[str]:
+    env = make()
     try:
         return list(env.task_ids())
     finally:

@@ -14,7 +14,7 @@ live backend's own components, driven the way a live run drives them.
   hidden-test run).
 
 Every row is one measurement (``component``, its inputs, ``seconds``); the fitting code
-(:mod:`~rlsched.real.calibrate_fit`) never sees Ray or vLLM.
+(:mod:`~rlsched.sim.calibration`) never sees Ray or vLLM.
 """
 
 from __future__ import annotations

@@ -137,16 +137,6 @@ def make_env(settings: Any) -> Any:
     return make_environment(s.env, **kw)
 
 
-class _Setup:
-    """Kept for ``real/calibrate.py`` (it builds environments this way); use :func:`make_env`."""
-
-    def __init__(self, run: Any, settings: Any, seed: int) -> None:
-        self.run, self.settings, self.seed = run, settings, seed
-
-    def make_env(self) -> Any:
-        return make_env(self.settings)
-
-
 class _Run:
     """Builds what a run needs (checkpoint, tasks, cluster, trainer lane), writes its record
     (after each step and at the end) and stops it."""

@@ -35,8 +35,8 @@ def calibrate_cmd(
     if out.suffix != ".toml":
         raise ConfigError(f"--out {out}: expected a .toml file name (the cost-model file)")
     if from_measurements is not None:
-        from rlsched.real.calibrate import refit
-        from rlsched.real.calibrate_io import write_calibration
+        from rlsched.calibration import refit
+        from rlsched.calibration_io import write_calibration
 
         result = refit(from_measurements)
         path = write_calibration(out, result)
@@ -47,7 +47,6 @@ def calibrate_cmd(
     try:
         from rlsched.real.calibrate import calibrate
         from rlsched.real.calibrate_bench import BenchPlan
-        from rlsched.real.calibrate_io import write_calibration
         from rlsched.real.live_config import LiveSettings
     except ImportError as exc:
         raise ConfigError(f"the live backend is not available ({exc}); install it with .ci/install-live") from None
@@ -55,7 +54,10 @@ def calibrate_cmd(
     settings = LiveSettings.from_config(cfg.live)
     plan = _quick_plan(BenchPlan) if quick else BenchPlan()
     say = _say()
-    result = calibrate(run, settings, seed=seed, plan=plan, say=say)
+    from rlsched.calibration import fit_measurements
+    from rlsched.calibration_io import write_calibration
+
+    result = fit_measurements(*calibrate(run, settings, seed=seed, plan=plan, say=say))
     path = write_calibration(out, result)
     _print_quality(result.calibration.quality)
     typer.echo(f"tools (median s): {_fmt_tools(result.info['tools_median_seconds'])}", err=True)
@@ -102,8 +104,8 @@ def fidelity_cmd(
 ) -> None:
     """Replay a live run's trace in the simulator (same policy, config, cost model) and
     compare step by step."""
-    from rlsched.analysis.fidelity import fidelity
     from rlsched.analysis.fidelity_report import write_fidelity_report
+    from rlsched.fidelity import fidelity
     from rlsched.sim.cost import CostModel
 
     model = CostModel.from_file(cost) if cost is not None else CostModel()

@@ -9,9 +9,7 @@ load is never left behind.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
@@ -21,8 +19,9 @@ from typing import Any
 import pandas as pd
 
 from rlsched.cluster.config import RunConfig, parse_config
-from rlsched.cluster.errors import ConfigError
 from rlsched.sim.cost import CostModel
+
+from .toml_write import toml_table, toml_value
 
 RANKING_COLUMNS = (
     "rank", "policy", "arm", "params", "steps_per_hour", "sph_mean", "sph_std", "sph_min",
@@ -39,39 +38,6 @@ def cost_overrides(cost: CostModel) -> dict[str, Any]:
     ref = CostModel()
     return {f.name: getattr(cost, f.name) for f in fields(cost)
             if getattr(cost, f.name) != getattr(ref, f.name)}
-
-
-def _toml_value(v: Any, where: str) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            raise ConfigError(f"recommended.toml: {where}={v!r} is not a finite number")
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)  # a JSON string is a TOML basic string
-    if isinstance(v, Sequence):
-        return "[" + ", ".join(_toml_value(x, where) for x in v) + "]"
-    raise ConfigError(f"recommended.toml: {where}: cannot write a {type(v).__name__} value")
-
-
-def _key(k: str) -> str:
-    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
-
-
-def _table(name: str, items: Mapping[str, Any]) -> list[str]:
-    lines = [f"[{name}]"]
-    nested = []
-    for k, v in items.items():
-        if isinstance(v, Mapping):
-            nested.append((k, v))
-        else:
-            lines.append(f"{_key(k)} = {_toml_value(v, f'[{name}] {k}')}")
-    for k, v in nested:
-        lines += ["", *_table(f"{name}.{_key(k)}", v)]
-    return lines
 
 
 #: The ``[live]`` table written when the plan's own config has none: the planned cluster
@@ -102,16 +68,16 @@ def recommended_toml(
     run_items.pop("check")
     run_items.pop("faults", None)  # a fault schedule is a test of the plan, not part of it
     lines = [f"# {h}" if h else "#" for h in header]
-    lines += [f"trace = {_toml_value(str(trace), 'trace')}", ""]
-    lines += _table("cluster", {k: run_items.pop(k) for k in _CLUSTER_KEYS})
-    lines += ["", *_table("run", {k: v for k, v in run_items.items() if v is not None})]
+    lines += [f"trace = {toml_value(str(trace), 'recommended.toml: trace')}", ""]
+    lines += toml_table("cluster", file="recommended.toml", items={k: run_items.pop(k) for k in _CLUSTER_KEYS})
+    lines += ["", *toml_table("run", file="recommended.toml", items={k: v for k, v in run_items.items() if v is not None})]
     over = cost_overrides(cost)
     if over:
-        lines += ["", *_table("cost", over)]
-    lines += ["", *_table("live", live or LIVE_HOST_DEFAULTS)]
+        lines += ["", *toml_table("cost", file="recommended.toml", items=over)]
+    lines += ["", *toml_table("live", file="recommended.toml", items=live or LIVE_HOST_DEFAULTS)]
     for i, spec in enumerate(specs):
         note = "  # recommended" if i == 0 else "  # for comparison"
-        lines += ["", "[[policy]]", f"spec = {_toml_value(spec, 'spec')}{note}"]
+        lines += ["", "[[policy]]", f"spec = {toml_value(spec, 'recommended.toml: spec')}{note}"]
     return "\n".join(lines) + "\n"
 
 

@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from rlsched.calibration import fit_measurements, refit
+from rlsched.calibration_io import write_calibration
 from rlsched.cluster.errors import ConfigError
-from rlsched.real.calibrate import fit_measurements, refit
-from rlsched.real.calibrate_fit import fit_all, quality
-from rlsched.real.calibrate_io import write_calibration
+from rlsched.sim.calibration import fit_all, quality
 from rlsched.sim.cost import CostModel
 
 TINY = {"params": 1.4e6, "layers": 2, "d_model": 128, "kv_heads": 4, "head_dim": 32,

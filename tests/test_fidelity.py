@@ -12,11 +12,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rlsched.analysis.fidelity import event_order, fidelity, replay_config
+from rlsched.analysis.fidelity import event_order
 from rlsched.analysis.fidelity_report import write_fidelity_report
 from rlsched.cli import main
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import ConfigError, RecordError
+from rlsched.fidelity import fidelity, replay_config
 from rlsched.policies import make_policy
 from rlsched.sim.cost import CostModel
 from rlsched.sim.run import simulate

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from rlsched.calibration import fit_measurements
 from rlsched.cluster.errors import ConfigError
 from rlsched.cluster.record import read_run
-from rlsched.real.calibrate import fit_measurements
-from rlsched.real.calibrate_fit import fit_switch
+from rlsched.sim.calibration import fit_switch
 from rlsched.sim.cost import CostModel
 
 from simkit import ABC, APPROX, HAND_COST, run

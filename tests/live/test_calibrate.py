@@ -13,10 +13,11 @@ pytestmark = pytest.mark.live
 
 
 def test_calibrate_measures_every_component_and_writes_a_loadable_file(tiny_cache, tmp_path):
+    from rlsched.calibration import fit_measurements
+    from rlsched.calibration_io import write_calibration
     from rlsched.cluster.config import RunConfig
     from rlsched.real.calibrate import calibrate
     from rlsched.real.calibrate_bench import BenchPlan
-    from rlsched.real.calibrate_io import write_calibration
     from rlsched.real.live_config import LiveSettings
     from rlsched.sim.cost import CostModel
 
@@ -25,7 +26,7 @@ def test_calibrate_measures_every_component_and_writes_a_loadable_file(tiny_cach
                      sync_repeats=1, switch_rounds=1, tool_episodes=1, repeats=1)
     settings = LiveSettings.from_config({"cache_dir": str(tiny_cache), "kv_cache_mb": 32,
                                          "tasks": ["fix-clamp"]})
-    result = calibrate(RunConfig(gpus=2, tp=1, steps=1), settings, plan=plan)
+    result = fit_measurements(*calibrate(RunConfig(gpus=2, tp=1, steps=1), settings, plan=plan))
     rows = result.measurements
     for comp in ("decode", "prefill", "kv", "train", "optimizer", "sync", "switch", "tool"):
         assert (rows["component"] == comp).any(), comp

@@ -24,7 +24,8 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from rlsched.cluster.errors import ConfigError
-from rlsched.sim.cost import CostModel
+
+from .cost import CostModel
 
 
 @dataclass(frozen=True)

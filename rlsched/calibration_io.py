@@ -11,35 +11,20 @@ Next to it, ``<stem>.measurements.csv`` (every raw measurement) and
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from rlsched.cluster.errors import ConfigError
+from rlsched.sim.calibration import FitQuality
 
-from .calibrate_fit import FitQuality
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return repr(v)
-    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+from .toml_write import toml_table
 
 
 def _table(name: str, values: dict[str, Any]) -> list[str]:
-    lines = [f"[{name}]"]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if not isinstance(v, dict)]
-    return lines
+    flat = {k: v for k, v in values.items() if not isinstance(v, dict)}
+    return toml_table(name, flat, file="cost.toml", nonfinite=True)
 
 
 def sidecar(path: Path, kind: str) -> Path:

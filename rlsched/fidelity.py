@@ -1,0 +1,75 @@
+"""``rlsched fidelity``: replay a live run in the simulator and compare the two.
+
+The live run record holds everything a replay needs: the policy spec, the run config, the
+live settings (tasks and samples per step, concurrent tool calls) and ``trace.parquet``
+(every turn's tokens and measured tool seconds, with its ``step``). The replay runs the same
+policy on the same steps under a given cost model; :mod:`rlsched.analysis.fidelity`
+compares the records. This module joins the simulator and the analysis, which never
+import each other's drivers.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rlsched.analysis.fidelity import FidelityResult, compare_runs, live_record, write_tables
+from rlsched.cluster.config import RunConfig
+from rlsched.cluster.errors import RecordError
+from rlsched.cluster.record import RunRecord, read_run
+from rlsched.compare import prepare_out_dir, publish
+
+
+def replay_config(meta: dict[str, Any], source: Path) -> RunConfig:
+    """The simulator's RunConfig for a live run: its [cluster]/[run] values, with the
+    live-only settings that the simulator models mapped onto its own fields."""
+    cfg = meta.get("config")
+    live = meta.get("live") or {}
+    if not isinstance(cfg, dict):
+        raise RecordError(f"{source / 'meta.json'}: no 'config' table; not a run record rlsched wrote")
+    known = set(RunConfig.__dataclass_fields__)
+    kw = {k: v for k, v in cfg.items() if k in known}
+    kw["tasks_per_step"] = live.get("tasks_per_step", kw.get("tasks_per_step"))
+    kw["samples_per_task"] = live.get("samples_per_task", kw.get("samples_per_task"))
+    if "env_workers" in live:
+        kw["sandbox_slots"] = int(live["env_workers"])  # concurrent tool calls, live
+    kw["steps"] = int(meta.get("steps_done") or kw.get("steps", 1))
+    kw["check"] = False
+    return RunConfig(**kw)
+
+
+def replay(live: RunRecord, cost: Any, out_dir: Path) -> RunRecord:
+    """Simulate the live run's trace with its policy and config under ``cost``."""
+    from rlsched.policies import make_policy
+    from rlsched.sim.run import simulate
+    from rlsched.sim.workload import Workload
+    from rlsched.traces import draw_batches, load_trace
+
+    trace_path = live.path / str(live.meta["trace"])
+    df = load_trace(trace_path)
+    config = replay_config(live.meta, live.path)
+    batches = draw_batches(df, config.steps, config.tasks_per_step, config.samples_per_task)
+    spec = str(live.meta["policy"])
+    simulate(Workload.from_frame(df), batches, make_policy(spec), config, cost, out_dir=out_dir,
+             spec=spec, meta={"trace": str(trace_path), "spec_as_given": spec, "replay_of": str(live.path)})
+    return read_run(out_dir)
+
+
+def fidelity(live_dir: Path, cost: Any, out_dir: Path, *, force: bool = False,
+             repeat: Path | None = None) -> FidelityResult:
+    """Replay ``live_dir`` under ``cost``; write ``out_dir``/fidelity.csv and the replay
+    (``out_dir/sim``). Like ``compare``, it writes into a temporary sibling that replaces
+    ``out_dir`` only when everything succeeded."""
+    live = live_record(Path(live_dir))
+    rep = read_run(repeat) if repeat is not None else None
+    out = Path(out_dir)
+    tmp = prepare_out_dir(out, force)
+    try:
+        result = compare_runs(live, replay(live, cost, tmp / "sim"), rep)
+        write_tables(result, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    publish(tmp, out)
+    return result
