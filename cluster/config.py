@@ -9,13 +9,12 @@ never silently falls back to a default.
 
 from __future__ import annotations
 
-import difflib
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean, shown
 from .faults import FaultSchedule, parse_faults
 
 
@@ -44,11 +43,11 @@ class RunConfig:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ConfigError(f"run config: {name}={v!r}: expected an integer >= 1")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"run config: seed={_short(self.seed)}: expected an integer >= 0")
+            raise ConfigError(f"run config: seed={shown(self.seed)}: expected an integer >= 0")
         for name in ("processor", "check"):
             v = getattr(self, name)
             if not isinstance(v, bool):
-                raise ConfigError(f"run config: {name}={_short(v)}: expected true or false")
+                raise ConfigError(f"run config: {name}={shown(v)}: expected true or false")
         if self.faults is not None and not isinstance(self.faults, FaultSchedule):
             raise ConfigError("run config: faults: expected the [faults] table (a FaultSchedule)")
         if self.gpus % self.tp:
@@ -102,7 +101,7 @@ def load_config(path: str | Path) -> ConfigFile:
 def parse_config(data: dict[str, Any], source: str = "<config>") -> ConfigFile:
     for key in data:
         if key not in _SECTIONS:
-            raise ConfigError(f"{source}: unknown section {key!r}{_hint(key, _SECTIONS)}")
+            raise ConfigError(f"{source}: unknown section {key!r}{did_you_mean(key, _SECTIONS)}")
     run_kw: dict[str, Any] = {}
     for section in ("cluster", "run"):
         table = data.get(section, {})
@@ -110,7 +109,7 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> ConfigFile:
             raise ConfigError(f"{source}: [{section}] must be a table")
         for k, v in table.items():
             if k not in _RUN_KEYS:
-                raise ConfigError(f"{source}: [{section}] unknown key {k!r}{_hint(k, _RUN_KEYS)}")
+                raise ConfigError(f"{source}: [{section}] unknown key {k!r}{did_you_mean(k, _RUN_KEYS)}")
             run_kw[k] = v
     if "faults" in data:
         run_kw["faults"] = parse_faults(data["faults"], source)
@@ -138,13 +137,3 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> ConfigFile:
     if trace is not None and not isinstance(trace, str):
         raise ConfigError(f"{source}: trace must be a path string")
     return ConfigFile(run, dict(cost), tuple(specs), dict(live), trace, source)
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _hint(key: str, known: set[str]) -> str:
-    near = difflib.get_close_matches(key, sorted(known), n=1)
-    return f" (did you mean {near[0]!r}?)" if near else ""

@@ -8,6 +8,9 @@ code 2 -- no traceback. Anything else that escapes is a bug in rlsched.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class RlschedError(Exception):
     """A problem with the user's input. ``str(err)`` is the one line to show."""
@@ -39,3 +42,16 @@ class InvariantViolation(RuntimeError):
     """A driver or policy broke an invariant (GPU in two roles, a lost trajectory, tokens
     not conserved, time going backwards, staleness over the bound). Always a bug, never
     the user's input: the message says which invariant and where."""
+
+
+def shown(value: object) -> str:
+    """A value as an error line shows it: its repr, cut to 40 characters (a fuzzed
+    400-digit number or a huge list must not become a screenful)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def did_you_mean(key: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest known name, or nothing."""
+    near = difflib.get_close_matches(key, sorted(known), n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""

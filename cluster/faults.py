@@ -48,12 +48,11 @@ TOML::
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean, shown
 
 KINDS = ("gpu", "trainer", "tool", "sync")
 _TOP_KEYS = {"seed", "recover_s", "restart_s", "tool_timeout_s", "sync_retry_s", "fault"}
@@ -79,7 +78,7 @@ class Fault:
     def __post_init__(self) -> None:
         where = f"faults: fault {self.kind!r}"
         if self.kind not in KINDS:
-            raise ConfigError(f"faults: kind={_short(self.kind)}: expected one of {', '.join(KINDS)}")
+            raise ConfigError(f"faults: kind={shown(self.kind)}: expected one of {', '.join(KINDS)}")
         if (self.at is None) == (self.per_hour is None):
             raise ConfigError(f"{where}: give exactly one of at (seconds) or per_hour (rate)")
         if self.at is not None:
@@ -90,12 +89,12 @@ class Fault:
             if self.kind != "gpu" or self.at is None:
                 raise ConfigError(f"{where}: gpu= only applies to an explicit (at=) gpu fault")
             if isinstance(self.gpu, bool) or not isinstance(self.gpu, int) or self.gpu < 0:
-                raise ConfigError(f"{where}: gpu={_short(self.gpu)}: expected a GPU index >= 0")
+                raise ConfigError(f"{where}: gpu={shown(self.gpu)}: expected a GPU index >= 0")
         if self.trajectory is not None:
             if self.kind != "tool" or self.at is None:
                 raise ConfigError(f"{where}: trajectory= only applies to an explicit (at=) tool fault")
             if not isinstance(self.trajectory, str) or not self.trajectory:
-                raise ConfigError(f"{where}: trajectory={_short(self.trajectory)}: expected a trajectory id")
+                raise ConfigError(f"{where}: trajectory={shown(self.trajectory)}: expected a trajectory id")
         if self.recover_s is not None:
             if self.kind != "gpu":
                 raise ConfigError(f"{where}: recover_s= only applies to a gpu fault")
@@ -117,7 +116,7 @@ class FaultSchedule:
         if not isinstance(self.faults, tuple) or not all(isinstance(f, Fault) for f in self.faults):
             raise ConfigError("faults: faults must be a tuple of Fault")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"faults: seed={_short(self.seed)}: expected an integer >= 0")
+            raise ConfigError(f"faults: seed={shown(self.seed)}: expected an integer >= 0")
         _check_number("faults: recover_s", self.recover_s, low=0.0, positive=True)
         _check_number("faults: restart_s", self.restart_s, low=0.0)
         _check_number("faults: tool_timeout_s", self.tool_timeout_s, low=0.0, positive=True)
@@ -154,7 +153,7 @@ def parse_faults(table: Any, source: str = "<config>") -> FaultSchedule:
         raise ConfigError(f"{source}: [faults] must be a table")
     for k in table:
         if k not in _TOP_KEYS:
-            raise ConfigError(f"{source}: [faults] unknown key {k!r}{_hint(k, _TOP_KEYS)}")
+            raise ConfigError(f"{source}: [faults] unknown key {k!r}{did_you_mean(k, _TOP_KEYS)}")
     entries = table.get("fault", [])
     if isinstance(entries, dict):
         entries = [entries]
@@ -166,7 +165,7 @@ def parse_faults(table: Any, source: str = "<config>") -> FaultSchedule:
             raise ConfigError(f"{source}: [[faults.fault]] entry {i} must be a table")
         for k in entry:
             if k not in _FAULT_KEYS:
-                raise ConfigError(f"{source}: [[faults.fault]] entry {i}: unknown key {k!r}{_hint(k, _FAULT_KEYS)}")
+                raise ConfigError(f"{source}: [[faults.fault]] entry {i}: unknown key {k!r}{did_you_mean(k, _FAULT_KEYS)}")
         if "kind" not in entry:
             raise ConfigError(f"{source}: [[faults.fault]] entry {i}: needs kind = one of {', '.join(KINDS)}")
         try:
@@ -184,15 +183,4 @@ def _check_number(where: str, v: Any, *, low: float, positive: bool = False) -> 
     ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
     if not ok or v < low or (positive and v <= 0):
         want = "a finite number > 0" if positive else f"a finite number >= {low:g}"
-        raise ConfigError(f"{where}={_short(v)}: expected {want}")
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _hint(key: str, known: set[str]) -> str:
-    near = difflib.get_close_matches(key, sorted(known), n=1)
-    return f" (did you mean {near[0]!r}?)" if near else ""
-
+        raise ConfigError(f"{where}={shown(v)}: expected {want}")

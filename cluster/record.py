@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,18 @@ def _jsonable(obj: Any) -> Any:
     if hasattr(obj, "item"):  # numpy scalars
         return obj.item()
     return obj
+
+
+
+def ids_text(xs: Iterable[int]) -> str:
+    """GPU or engine ids as an event's short detail text: ``"4-7"`` for a contiguous range,
+    else ``"1,5,9"`` (both drivers write them this way, so records compare as text)."""
+    xs = sorted(xs)
+    if not xs:
+        return ""
+    if xs == list(range(xs[0], xs[-1] + 1)):
+        return f"{xs[0]}-{xs[-1]}" if len(xs) > 1 else str(xs[0])
+    return ",".join(map(str, xs))
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from rlsched.cluster.ids import Role, TrajStatus
 from rlsched.cluster.policy import Param
 from rlsched.cluster.view import ClusterView
 
-from .common import Retries, usable
+from .common import Retries, phase_is_stuck, usable
 from .registry import register
 
 _ACTIVE = (TrajStatus.QUEUED, TrajStatus.RUNNING)
@@ -115,12 +115,8 @@ class Partial:
                 if v < view.num_steps:
                     self._phase = Role.ROLLOUT
                     return self._to(Role.ROLLOUT, view)
-            case WorkerRecovered():
-                # a recovered GPU joins at the next phase change, unless the current phase
-                # is stuck without GPUs (every engine, or every trainer GPU, failed)
-                held = view.engines() if self._phase is Role.ROLLOUT else view.trainer().gpus
-                if not held and not view.gpus_in(Role.SWITCHING) and self._step < view.num_steps:
-                    return self._to(self._phase, view)
+            case WorkerRecovered() if phase_is_stuck(view, self._phase, self._step):
+                return self._to(self._phase, view)
         return []
 
     def _to(self, role: Role, view: ClusterView) -> list[Command]:

@@ -3,8 +3,6 @@ them (same ``kind`` names and fields), so the analysis reads both drivers alike.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from rlsched.cluster.commands import Command, Dispatch, Reassign, Train, TrainMicroBatch
 from rlsched.cluster.events import (
     EngineIdle,
@@ -18,18 +16,8 @@ from rlsched.cluster.events import (
     WorkerFailed,
     WorkerRecovered,
 )
-from rlsched.cluster.record import RunRecorder
+from rlsched.cluster.record import RunRecorder, ids_text
 from rlsched.cluster.state import ClusterState
-
-
-def ids_text(xs: Iterable[int]) -> str:
-    """``0-3`` for a contiguous range, else ``0,2,5``."""
-    xs = sorted(xs)
-    if not xs:
-        return ""
-    if xs == list(range(xs[0], xs[-1] + 1)):
-        return f"{xs[0]}-{xs[-1]}" if len(xs) > 1 else str(xs[0])
-    return ",".join(map(str, xs))
 
 
 def describe_event(rec: RunRecorder, now: float, ev: Event, st: ClusterState) -> None:

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from rlsched.cluster.errors import ConfigError
+from rlsched.cluster.errors import ConfigError, shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,18 +86,18 @@ class CostModel:
         for f in fields(self):
             v = getattr(self, f.name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-                raise ConfigError(f"cost model: {f.name}={_short(v)}: expected a finite number")
+                raise ConfigError(f"cost model: {f.name}={shown(v)}: expected a finite number")
             if v < 0 or (v == 0 and f.name not in _MAY_BE_ZERO):
-                raise ConfigError(f"cost model: {f.name}={_short(v)}: must be > 0")
+                raise ConfigError(f"cost model: {f.name}={shown(v)}: must be > 0")
             lo, hi, unit = _RANGES[f.name]
             if (v != 0 and v < lo) or v > hi:
                 raise ConfigError(
-                    f"cost model: {f.name}={_short(v)}: expected {unit} in [{lo:g}, {hi:g}]"
+                    f"cost model: {f.name}={shown(v)}: expected {unit} in [{lo:g}, {hi:g}]"
                 )
         for name in ("switch_to_train_s", "switch_to_rollout_s"):
             v = getattr(self, name)
             if 0 < v < self.switch_s:  # sim/bound.py charges switch_s as the cheapest switch
-                raise ConfigError(f"cost model: {name}={_short(v)} is below switch_s={_short(self.switch_s)}: "
+                raise ConfigError(f"cost model: {name}={shown(v)} is below switch_s={shown(self.switch_s)}: "
                                   "set switch_s to the cheapest switch (the lower bound charges it)")
         if self.kv_capacity_tokens(1) < 1 and self.kv_capacity_tokens(8) < 1:
             raise ConfigError("cost model: the model's weights do not fit in GPU memory")
@@ -176,9 +176,9 @@ class CostModel:
                 hint = f" (did you mean {near[0]}?)" if near else ""
                 raise ConfigError(f"{source}: unknown cost-model field {k!r}{hint}")
             if isinstance(v, bool) or not isinstance(v, int | float):
-                raise ConfigError(f"{source}: {k}={_short(v)}: expected a number")
+                raise ConfigError(f"{source}: {k}={shown(v)}: expected a number")
             if isinstance(v, int) and abs(v) > _MAX_WHOLE:  # float(v) would overflow
-                raise ConfigError(f"{source}: {k}={_short(v)}: number out of range")
+                raise ConfigError(f"{source}: {k}={shown(v)}: number out of range")
             clean[k] = int(v) if known[k].type in ("int", int) and float(v).is_integer() else v
         try:
             return replace(self, **clean)
@@ -253,8 +253,3 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "switch_to_rollout_per_gpu_s": (0.0, _MAX_SECONDS, _SECS),
     "optimizer_step_s": (0.0, _MAX_SECONDS, _SECS),
 }
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."

@@ -25,18 +25,9 @@ from rlsched.cluster.events import (
     WorkerFailed,
     WorkerRecovered,
 )
+from rlsched.cluster.record import ids_text
 
 from .core import DriverCore
-
-
-def ids_text(xs: tuple[int, ...] | list[int]) -> str:
-    """GPU or engine ids as short text: ``"4-7"`` for a range, else ``"1,5,9"``."""
-    xs = sorted(xs)
-    if not xs:
-        return ""
-    if xs == list(range(xs[0], xs[-1] + 1)):
-        return f"{xs[0]}-{xs[-1]}" if len(xs) > 1 else str(xs[0])
-    return ",".join(map(str, xs))
 
 
 class Recording(DriverCore):

@@ -12,11 +12,11 @@ import heapq
 
 from rlsched.cluster.events import EngineIdle, RolesChanged
 from rlsched.cluster.ids import Drain, GpuState, Role
+from rlsched.cluster.record import ids_text
 from rlsched.cluster.state import EngineState
 
 from .core import DriverCore, SimTraj
 from .engine import EngineSim
-from .recording import ids_text
 
 _SYNC = GpuState.SYNC
 _GENERATE = GpuState.GENERATE

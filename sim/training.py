@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from rlsched.cluster.events import MicroBatchFinished, SyncFailed, TrainStepFinished, WeightsSynced
 from rlsched.cluster.ids import GpuState
+from rlsched.cluster.record import ids_text
 
 from .core import DriverCore, SimTraj
-from .recording import ids_text
 from .trainer import MicroBatchJob, OptimizerJob
 
 
