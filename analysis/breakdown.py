@@ -94,6 +94,8 @@ def breakdown(record: RunRecord) -> pd.DataFrame:
     ))
     for st in (G.SWITCH, G.TRAIN, G.TRAIN_IDLE, G.IDLE):
         rows.append((st, STATE_LABELS[st], s(st), ""))
+    if s(G.FAILED) > 0:  # (only with fault injection)
+        rows.append((G.FAILED, STATE_LABELS[G.FAILED], s(G.FAILED), "down until it recovers (failed_gpu_seconds)"))
     missing = total - float(secs.sum())
     if missing > 1e-9 * max(total, 1.0):
         rows.append((UNRECORDED, "not covered by any interval", missing, "the driver left gaps in intervals.parquet"))

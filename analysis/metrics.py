@@ -9,7 +9,8 @@ Definitions (the report and summary.csv use exactly these):
   GPU-seconds / (``num_gpus`` x makespan), over ``[0, makespan]``.
 * ``idle_fraction`` = share of GPU-time holding no work at all (``rollout_idle``,
   ``train_idle``, ``idle``); ``1 - gpu_utilization - idle_fraction`` is then the time
-  spent in tool waits, weight syncs and role switches.
+  spent in tool waits, weight syncs, role switches and, with fault injection, failed
+  (``failed``: down, not idle by choice; its total is ``failed_gpu_seconds``).
 * **staleness** of a trained trajectory = ``trained_version - min_version`` (its oldest
   kept token's weights vs. the trainer's at train time).
 * **lost** trajectories: dispatched trajectories that should have ended trained or dropped

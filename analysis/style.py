@@ -29,6 +29,7 @@ STATE_ORDER: tuple[str, ...] = (
     GpuState.TRAIN.value,
     GpuState.TRAIN_IDLE.value,
     GpuState.IDLE.value,
+    GpuState.FAILED.value,
 )
 STATE_COLORS: dict[str, str] = {
     GpuState.GENERATE.value: "#0072B2",  # blue
@@ -39,6 +40,7 @@ STATE_COLORS: dict[str, str] = {
     GpuState.TRAIN.value: "#009E73",  # bluish green
     GpuState.TRAIN_IDLE.value: "#F0E442",  # yellow
     GpuState.IDLE.value: "#BBBBBB",  # grey
+    GpuState.FAILED.value: "#3A3A3A",  # near black
 }
 STATE_LABELS: dict[str, str] = {
     GpuState.GENERATE.value: "generating",
@@ -49,6 +51,7 @@ STATE_LABELS: dict[str, str] = {
     GpuState.TRAIN.value: "training",
     GpuState.TRAIN_IDLE.value: "trainer waiting for data",
     GpuState.IDLE.value: "idle (no role)",
+    GpuState.FAILED.value: "failed (fault injection)",
 }
 UNRECORDED = "unrecorded"  # GPU-time no interval covers (should not happen)
 UNRECORDED_COLOR = "#FFFFFF"

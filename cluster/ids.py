@@ -79,3 +79,4 @@ class GpuState(StrEnum):
     TRAIN = "train"  # GPU computing a training micro-batch or optimizer step
     TRAIN_IDLE = "train_idle"  # GPU holds the trainer but has no data to train
     IDLE = "idle"  # role IDLE
+    FAILED = "failed"  # failed (fault injection; role IDLE, unusable) until it recovers

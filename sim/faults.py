@@ -141,7 +141,7 @@ class FaultMixin(DriverCore):
             what = "idle GPU"
         st.roles[g] = Role.IDLE
         st.failed.add(g)
-        self.gpus.set((g,), GpuState.IDLE, now)
+        self.gpus.set((g,), GpuState.FAILED, now)
         self.fault.fail_since[g] = now
         self.fault.fail_token[g] = token = self.fault.fail_token.get(g, 0) + 1
         wasted = int(self.fault.stats["wasted_tokens"] - wasted0)
@@ -199,6 +199,7 @@ class FaultMixin(DriverCore):
             return
         self.state.failed.discard(g)
         self.fault.stats["failed_gpu_seconds"] += self.now - self.fault.fail_since.pop(g)
+        self.gpus.set((g,), GpuState.IDLE, self.now)
         self._emit(WorkerRecovered(g))
 
     # -------------------------------------------------------------- trainer

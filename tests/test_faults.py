@@ -15,7 +15,8 @@ from dataclasses import replace
 
 import pytest
 
-from rlsched.analysis.metrics import summarize
+from rlsched.analysis.breakdown import breakdown
+from rlsched.analysis.metrics import NO_WORK, state_seconds, summarize
 from rlsched.cluster.commands import Reassign
 from rlsched.cluster.config import parse_config
 from rlsched.cluster.errors import ConfigError, PolicyError
@@ -74,6 +75,14 @@ def test_gpu_failure_mid_turn_resumes_from_last_finished_turn(df, tmp_path, spec
     assert row["lost_trajectories"] == 0
     assert (row["faults"], row["retried_trajectories"], row["fault_wasted_tokens"]) == (1, 1, 3)
     assert row["failed_gpu_seconds"] == pytest.approx(5.0)
+    # the failed GPU is drawn and counted as failed (16-21), not as idle
+    secs = state_seconds(rec)
+    assert secs["failed"] == pytest.approx(5.0)
+    failed = rec.intervals[rec.intervals["state"].astype(str) == "failed"]
+    assert list(failed["gpu_first"]) == [0] and list(failed["start"]) == [pytest.approx(16.0)]
+    causes = breakdown(rec).set_index("state")
+    assert causes.loc["failed", "gpu_seconds"] == pytest.approx(5.0)
+    assert row["idle_fraction"] * 2 * res.makespan == pytest.approx(float(secs[list(NO_WORK)].sum()))
 
 
 def test_gpu_failure_without_faults_is_the_old_run(df):
@@ -88,6 +97,7 @@ def test_failed_gpu_is_left_out_until_it_recovers(df):
     out = run(df, [["A", "B"]], "colocated", faults=gpu_fault(16.0, 0, 60.0))
     assert out.result.makespan == pytest.approx(27.0, abs=1e-6)
     assert out.result.faults["failed_gpu_seconds"] == pytest.approx(27.0 - 16.0)
+    assert out.result.gpu_seconds["failed"] == pytest.approx(27.0 - 16.0)  # failed to the end
 
 
 def test_gpu_failure_during_a_role_switch(df):
