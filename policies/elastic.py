@@ -207,6 +207,13 @@ class Elastic:
             return []
         ready = tuple(t for t in view.finished(s) if view.status(t) is not TrajStatus.INTERRUPTED)
         if ready:
+            # A micro-batch runs on the GPUs the trainer has when it starts; GPUs that join
+            # later wait for the next one. While the trainer grows (engines released one by
+            # one in the tail), a micro-batch of everything ready would hold the first few
+            # GPUs for a whole step's training. So each trainer GPU takes at most its share
+            # of the batch, as if the whole cluster trained it.
+            cap = max(1, math.ceil(len(view.batch(s)) * len(tr.gpus) / view.num_gpus))
+            ready = ready[:cap]
             self._in_micro += len(ready)
             return [TrainMicroBatch(ready)]
         if view.unfinished(s) == 0 and self._in_micro == len(view.batch(s)) and not tr.busy:
