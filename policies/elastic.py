@@ -122,7 +122,12 @@ class Elastic:
             cmds += self._reclaim(view)
         dispatched = self._dispatch(view) + self._resume(view)
         cmds += dispatched
-        cmds += self._train(view)
+        trainer = set(view.trainer().gpus)
+        if not any(isinstance(c, Reassign) and c.role is not Role.TRAIN and trainer.intersection(c.gpus)
+                   for c in cmds):
+            # (a micro-batch queued now would start on whatever GPUs the trainer has
+            # later; while its GPUs are being handed back, wait until it gets new ones)
+            cmds += self._train(view)
         if not dispatched:  # let new work settle on the engines before packing them
             cmds += self._consolidate(view)
         return cmds

@@ -3,16 +3,18 @@
 import random
 
 from rlsched.cluster.commands import Dispatch, Reassign, TrainMicroBatch
-from rlsched.cluster.events import RolesChanged, RunStarted, TrajectoryFinished
+from rlsched.cluster.events import RolesChanged, RunStarted, TrainStepFinished, TrajectoryFinished
 from rlsched.cluster.ids import Role, TrajStatus
 from rlsched.cluster.state import ClusterState, EngineState
 from rlsched.policies import make_policy
 
 
-def _rolling_out(gpus: int, tp: int, n: int) -> tuple[ClusterState, object]:
-    """Every GPU rolls out and batch 0 (``n`` trajectories) is dispatched."""
-    st = ClusterState(gpus, tp, [[(f"T{i}", "task") for i in range(n)]], max_staleness=0)
-    pol = make_policy("elastic")
+def _rolling_out(gpus: int, tp: int, n: int, spec: str = "elastic", steps: int = 1) -> tuple[ClusterState, object]:
+    """Every GPU rolls out and the batches the policy's staleness allows (``n``
+    trajectories each, ``T<step*n+i>``) are dispatched, round-robin over the engines."""
+    batches = [[(f"T{s * n + i}", "task") for i in range(n)] for s in range(steps)]
+    pol = make_policy(spec)
+    st = ClusterState(gpus, tp, batches, max_staleness=pol.max_staleness)
     pol.reset(st, random.Random(0))
     (cmd,) = pol.on_event(RunStarted(), st)
     assert isinstance(cmd, Reassign) and cmd.role is Role.ROLLOUT
@@ -20,9 +22,11 @@ def _rolling_out(gpus: int, tp: int, n: int) -> tuple[ClusterState, object]:
         st.roles[g] = Role.ROLLOUT
     for e in range(gpus // tp):
         st.engines_[e] = EngineState(e, st.engine_gpus(e), 0, 1000)
-    (d,) = pol.on_event(RolesChanged(cmd.gpus, Role.ROLLOUT), st)
-    assert isinstance(d, Dispatch) and len(d.trajectories) == n
-    for i, tid in enumerate(d.trajectories):
+    sent = pol.on_event(RolesChanged(cmd.gpus, Role.ROLLOUT), st)
+    assert all(isinstance(d, Dispatch) for d in sent)
+    tids = [t for d in sent for t in d.trajectories]
+    assert len(tids) == n * min(steps, pol.max_staleness + 1)
+    for i, tid in enumerate(tids):
         st.mark_active(tid, TrajStatus.RUNNING, i % (gpus // tp))
         st.engines_[i % (gpus // tp)].running.add(tid)
     return st, pol
@@ -51,3 +55,28 @@ def test_micro_batches_are_sized_to_the_trainer_while_it_grows():
     share = -(-32 * len(release.gpus) // 16)
     assert len(release.gpus) < 16 and len(mb.trajectories) == share < 30
     assert mb.trajectories == tuple(f"T{i}" for i in range(share))  # in finish order
+
+
+def test_no_micro_batch_is_queued_for_trainer_gpus_that_are_leaving():
+    # staleness 1: batches 0 and 1 roll out together; batch 0 is trained on GPUs 6-7 (the
+    # engines the tail freed) while 4 of batch 1 are still rolling out. When step 0's
+    # optimizer step ends, the trainer's GPUs go back to rollout; a micro-batch of batch 1
+    # queued in that same moment would wait for the trainer's *next* GPUs and then hold
+    # however few those are for all of it. It waits for them instead.
+    st, pol = _rolling_out(8, 1, 8, "elastic:staleness=1", steps=2)
+    for i in [*range(8), 12, 13, 14, 15]:  # T8-T11 still run, on engines 0-3
+        _finish(st, f"T{i}")
+    for e in (6, 7):
+        assert not st.engines_[e].running
+        del st.engines_[e]
+        st.roles[e] = Role.TRAIN
+    pol._switching = 0
+    pol._train_step, pol._in_micro, pol._opt_sent = 0, 8, True  # step 0 trained, optimizer sent
+    for tid in [f"T{i}" for i in range(8)]:
+        st.trajs[tid].in_micro_batch = True
+    st.mark_trained([f"T{i}" for i in range(8)], 0)
+    st.version = 1
+    cmds = pol.on_event(TrainStepFinished(1), st)
+    back = [c for c in cmds if isinstance(c, Reassign)]
+    assert back and back[0].role is Role.ROLLOUT and set(back[0].gpus) == {6, 7}
+    assert not [c for c in cmds if isinstance(c, TrainMicroBatch)]
