@@ -65,12 +65,14 @@ class Elastic:
               low=0, high=8, tunable=False),
         Param("train_share", "float", 0.25, "with staleness >= 1: the least share of GPUs the "
               "trainer takes while a whole batch waits for training", low=0.0, high=0.95),
+        Param("micro", "int", 1, "trajectories per trainer GPU in one micro-batch (a "
+              "micro-batch runs on the GPUs the trainer has when it starts)", low=1, high=4096),
     )
     defers = False
 
     def __init__(self, tail: float = 0.5, pack: float = 1.0, kv_limit: float = 0.25,
                  min_engines: int = 1, drain: str = "migrate", staleness: int = 0,
-                 train_share: float = 0.25) -> None:
+                 train_share: float = 0.25, micro: int = 1) -> None:
         self.tail = tail
         self.pack = pack
         self.kv_limit = kv_limit
@@ -78,6 +80,7 @@ class Elastic:
         self.drain = drain
         self.staleness = staleness
         self.train_share = train_share
+        self.micro = micro
         self.reset(None, random.Random(0))  # type: ignore[arg-type]
 
     @property
@@ -215,10 +218,9 @@ class Elastic:
             # A micro-batch runs on the GPUs the trainer has when it starts; GPUs that join
             # later wait for the next one. While the trainer grows (engines released one by
             # one in the tail), a micro-batch of everything ready would hold the first few
-            # GPUs for a whole step's training. So each trainer GPU takes at most its share
-            # of the batch, as if the whole cluster trained it.
-            cap = max(1, math.ceil(len(view.batch(s)) * len(tr.gpus) / view.num_gpus))
-            ready = ready[:cap]
+            # GPUs for a whole step's training. Small micro-batches (one long trajectory per
+            # GPU is the usual size) let every GPU that arrives start within one of them.
+            ready = ready[:self.micro * len(tr.gpus)]
             self._in_micro += len(ready)
             return [TrainMicroBatch(ready)]
         if view.unfinished(s) == 0 and self._in_micro == len(view.batch(s)) and not tr.busy:

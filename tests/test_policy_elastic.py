@@ -41,7 +41,7 @@ def test_micro_batches_are_sized_to_the_trainer_while_it_grows():
     # 16 GPUs (8 engines of 2), 32 trajectories; 30 finish, so the policy packs the 2 live
     # ones and hands the freed engines to the trainer. A micro-batch of all 30 ready
     # trajectories would hold those few GPUs for the whole step's training while engines
-    # released later wait for it; each trainer GPU takes at most its share: 32/16 = 2.
+    # released later wait for it; a micro-batch is one trajectory per trainer GPU.
     st, pol = _rolling_out(16, 2, 32)
     for i in range(30):
         _finish(st, f"T{i}")
@@ -52,9 +52,22 @@ def test_micro_batches_are_sized_to_the_trainer_while_it_grows():
         st.roles[g] = Role.TRAIN
     cmds = pol.on_event(RolesChanged(release.gpus, Role.TRAIN), st)
     (mb,) = [c for c in cmds if isinstance(c, TrainMicroBatch)]
-    share = -(-32 * len(release.gpus) // 16)
-    assert len(release.gpus) < 16 and len(mb.trajectories) == share < 30
-    assert mb.trajectories == tuple(f"T{i}" for i in range(share))  # in finish order
+    g = len(release.gpus)
+    assert g < 16 and len(mb.trajectories) == g  # micro=1: one trajectory per trainer GPU
+    assert mb.trajectories == tuple(f"T{i}" for i in range(g))  # in finish order
+
+
+def test_micro_sets_the_micro_batch_size_per_trainer_gpu():
+    st, pol = _rolling_out(16, 2, 32, "elastic:micro=3")
+    for i in range(30):
+        _finish(st, f"T{i}")
+    (release,) = [c for c in pol.on_event(TrajectoryFinished("T29", TrajStatus.DONE, 5), st)
+                  if isinstance(c, Reassign)]
+    for g in release.gpus:
+        st.roles[g] = Role.TRAIN
+    (mb,) = [c for c in pol.on_event(RolesChanged(release.gpus, Role.TRAIN), st)
+             if isinstance(c, TrainMicroBatch)]
+    assert len(mb.trajectories) == min(30, 3 * len(release.gpus))
 
 
 def test_no_micro_batch_is_queued_for_trainer_gpus_that_are_leaving():

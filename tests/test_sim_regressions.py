@@ -260,6 +260,7 @@ def elastic_setups(draw):
         f"drain={draw(st.sampled_from(['migrate', 'finish_turn', 'interrupt']))}",
         f"staleness={draw(st.integers(0, 2))}",
         f"train_share={draw(st.sampled_from([0.0, 0.25, 0.95]))}",
+        f"micro={draw(st.sampled_from([1, 2, 4096]))}",
     ])
     gpus, tp = draw(st.sampled_from([(8, 4), (8, 2), (16, 4), (4, 1), (2, 1)]))
     switch_s = draw(st.sampled_from([0.0, 8.0, 86_400.0]))
