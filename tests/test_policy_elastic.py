@@ -93,3 +93,23 @@ def test_no_micro_batch_is_queued_for_trainer_gpus_that_are_leaving():
     back = [c for c in cmds if isinstance(c, Reassign)]
     assert back and back[0].role is Role.ROLLOUT and set(back[0].gpus) == {6, 7}
     assert not [c for c in cmds if isinstance(c, TrainMicroBatch)]
+
+
+def test_on_policy_every_gpu_trains_once_the_rollout_is_over():
+    # min_engines=2 keeps 2 engines through the tail; when the last trajectory finishes
+    # nothing can roll out before the optimizer step, so those go to the trainer too.
+    st, pol = _rolling_out(8, 2, 8, "elastic:min_engines=2")
+    for i in range(7):
+        _finish(st, f"T{i}")
+    for c in pol.on_event(TrajectoryFinished("T6", TrajStatus.DONE, 2), st):
+        if isinstance(c, Reassign):
+            for g in c.gpus:
+                st.roles[g] = Role.TRAIN
+                st.engines_.pop(st.engine_of(g), None)
+            pol.on_event(RolesChanged(c.gpus, Role.TRAIN), st)
+    assert len(st.engines()) == 2  # the tail keeps min_engines
+    _finish(st, "T7")
+    cmds = pol.on_event(TrajectoryFinished("T7", TrajStatus.DONE, 3), st)
+    (release,) = [c for c in cmds if isinstance(c, Reassign)]
+    assert release.role is Role.TRAIN
+    assert set(release.gpus) == {g for e in st.engines() for g in st.engine_gpus(e)}
