@@ -12,12 +12,14 @@ in the simulator under ``--cost`` (``rlsched fidelity``'s code). Printed:
 * the live spread: for each policy run more than once with the same config, the per-step
   ``|a - b| / mean`` between its first two runs (the live backend's own noise);
 * the ranking check: steps/hour per policy, live (mean over its runs) and simulated
-  (mean over the replays), and whether both rank the policies in the same order.
+  (mean over the replays), and whether both rank the policies in the same order (policies
+  within ``--tie-pct`` percent of each other tie; a tie matches only a tie).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections import defaultdict
@@ -38,11 +40,30 @@ def steps_per_hour(rec: RunRecord) -> float:
     return 3600.0 * len(rec.steps) / end if end > 0 else float("nan")
 
 
+def ordered(rank: pd.DataFrame, column: str, tie_pct: float) -> str:
+    """Policies best first by ``column``; neighbours within ``tie_pct`` percent of each
+    other are a tie, joined by ``=``. A tie is not an order, so the live and simulated
+    rankings are identical only if they also tie alike (a replay that gives two policies
+    the same steps/hour to 1e-7 does not rank them, whichever it happens to list first)."""
+    rows = rank.sort_values(column, ascending=False)
+    groups: list[list[str]] = []
+    prev = None
+    for policy, value in zip(rows["policy"], rows[column], strict=True):
+        if prev is not None and math.isclose(value, prev, rel_tol=tie_pct / 100.0):
+            groups[-1].append(policy)
+        else:
+            groups.append([policy])
+        prev = value
+    return " > ".join(" = ".join(sorted(g)) for g in groups)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--cost", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("out/bench-fidelity"))
+    ap.add_argument("--tie-pct", type=float, default=0.1,
+                    help="steps/hour within this percent of each other rank as a tie (default 0.1)")
     args = ap.parse_args(argv)
     cost = CostModel.from_file(args.cost) if args.cost else CostModel()
     by_policy: dict[str, list] = defaultdict(list)
@@ -77,13 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"policy": policy, "live": float(np.mean([steps_per_hour(r.live) for r in rs])),
                      "sim": float(np.mean([steps_per_hour(r.sim) for r in rs])), "runs": len(rs)})
     rank = pd.DataFrame(rows)
-    live_order = list(rank.sort_values("live", ascending=False)["policy"])
-    sim_order = list(rank.sort_values("sim", ascending=False)["policy"])
     for _, row in rank.iterrows():
         print(f"  {row['policy']:<12} live {row['live']:8.1f}  sim {row['sim']:8.1f}  ({row['runs']} run(s))")
-    same = live_order == sim_order
-    print(f"  live order: {' > '.join(live_order)}\n  sim order:  {' > '.join(sim_order)}\n  "
-          f"ranking {'IDENTICAL' if same else 'DIFFERS'}")
+    live_order, sim_order = ordered(rank, "live", args.tie_pct), ordered(rank, "sim", args.tie_pct)
+    print(f"  (steps/hour within {args.tie_pct:g}% of each other: a tie, '=')")
+    print(f"  live order: {live_order}\n  sim order:  {sim_order}\n  "
+          f"ranking {'IDENTICAL' if live_order == sim_order else 'DIFFERS'}")
     allsteps.to_csv(args.out / "all_steps.csv", index=False)
     rank.to_csv(args.out / "ranking.csv", index=False)
     print(f"\n({time.perf_counter() - t0:.1f}s; per-run reports under {args.out})")

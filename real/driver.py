@@ -383,5 +383,8 @@ def _measurements(driver: Any) -> dict[str, Any]:
         "optimizer_steps": st["optimizer"],
         "tokens_generated": driver.tokens_generated,
         "engine_busy_seconds": driver.engine_busy_seconds,
+        "engine_iterations": driver.engine_iterations,
+        "engine_batched_requests": driver.engine_batched,
+        "engine_submits": driver.engine_submits,
         "gpu_state_seconds": dict(driver.timeline.seconds),
     }

