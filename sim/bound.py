@@ -79,8 +79,11 @@ def lower_bound(
             e = s + k
             ctx = cs_tok[e] - cs_tok[s]
             fl = train_flops[rid] if train_flops is not None and rid in train_flops else cost.train_flops(ctx)
-            # the last kept turn's tool time need not finish before training
-            t_solo = (cs_solo[e] - cs_solo[s]) - workload.env[e - 1]
+            # a trajectory cut short (partial rollout) is trained without waiting for its
+            # last kept turn's tool call; a whole one ends with its last tool call
+            t_solo = cs_solo[e] - cs_solo[s]
+            if k < int(workload.turns[i]):
+                t_solo -= workload.env[e - 1]
             path = t_solo + fl / train_rate
             # (an interrupt keeping progress leaves a tool call running: a resumed
             # trajectory waits for its result, so tool time stays on its chain)

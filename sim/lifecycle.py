@@ -55,6 +55,10 @@ class Lifecycle(DriverCore):
         while queue and not es.draining:
             t = trajs[queue[0]]
             i = t.ts.turns_done
+            if i == t.n_turns:  # resumed after its last tool call returned: nothing to run
+                queue.popleft()
+                self._finish(t, _TIMED_OUT if t.truncated else _DONE, eng.id)
+                continue
             need = t.ctx + t.prompts[i] + t.outputs[i]
             if need > eng.kv_capacity:
                 queue.popleft()
@@ -168,13 +172,11 @@ class Lifecycle(DriverCore):
         if eng.version > ts.max_version:
             ts.max_version = eng.version
         es = eng.es
-        if i + 1 == t.n_turns:
-            es.running.discard(t.tid)
-            eng.release(t)
-            self._finish(t, _TIMED_OUT if t.truncated else _DONE, eng.id)
-            self._admit(eng)
+        if i + 1 == t.n_turns and not t.env_s[i] > 0.0:
+            self._done_on(t, eng)
             return
-        # tool time, in a sandbox slot if one is free
+        # tool time (after the last turn too: a final call, e.g. the tests a submission
+        # runs, is part of the trajectory), in a sandbox slot if one is free
         t.in_env = True
         t.env_token = token = t.env_token + 1
         if self.sandbox_free > 0:
@@ -200,6 +202,14 @@ class Lifecycle(DriverCore):
             self._move_out(t, eng)  # finish_turn drain: leave between turns
         else:
             eng.env_lru[t] = None
+
+    def _done_on(self, t: SimTraj, eng: EngineSim) -> None:
+        """Every turn (and the last tool call) of ``t`` is done: it leaves engine ``eng``."""
+        eng.es.running.discard(t.tid)
+        eng.env_lru.pop(t, None)
+        eng.release(t)
+        self._finish(t, _TIMED_OUT if t.truncated else _DONE, eng.id)
+        self._admit(eng)
 
     def _env_later(self, t: SimTraj, delay: float, token: int) -> None:
         """The tool call of ``t`` (``env_token`` = ``token``) returns in ``delay`` seconds."""
@@ -236,8 +246,13 @@ class Lifecycle(DriverCore):
             self._rejoin_after_tool(t)
         elif ts.status is _RUNNING:  # (else interrupted meanwhile: it waits for a Dispatch)
             eng = self.engines[ts.engine]
-            eng.env_lru.pop(t, None)
             i = ts.turns_done
+            if i == t.n_turns:  # its last tool call returned
+                self._done_on(t, eng)
+                if self._events:
+                    self._pump()
+                return
+            eng.env_lru.pop(t, None)
             need = t.ctx + t.prompts[i] + t.outputs[i]
             if need > eng.kv_capacity:
                 eng.es.running.discard(t.tid)
@@ -272,6 +287,9 @@ class Lifecycle(DriverCore):
         another one if that engine has since left rollout)."""
         ts = t.ts
         e = ts.engine
+        if ts.turns_done == t.n_turns:  # that was its last tool call: done, no engine needed
+            self._finish(t, _TIMED_OUT if t.truncated else _DONE, e)
+            return
         es = self.state.engines_.get(e)
         if es is None or es.draining:
             if not self.state.engines():

@@ -272,3 +272,23 @@ def test_faults_table_from_a_config_file(tmp_path):
     p.write_text('[[faults.fault]]\nkind = "gpu"\nat = "soon"\n')
     with pytest.raises(ConfigError, match=r"c.toml: \[\[faults.fault\]\] entry 0: fault 'gpu': at='soon'"):
         load_config(p)
+
+
+@pytest.mark.parametrize(("spec", "a_done"), [
+    # the final tool call runs on past the failure; A is dispatched again at once, waits
+    # for the call (23-28) and is done when it returns
+    ("colocated", 28.0),
+    # no engine is left: the call returns at 28 while A waits; GPU 0 is back at 30, its
+    # switch ends at 31, A is dispatched again and is done at once (nothing left to run)
+    ("async:staleness=0", 31.0),
+])
+def test_gpu_failure_during_the_last_tool_call(spec, a_done):
+    # A's last turn (decoded 13-23) is followed by a 5 s tool call; GPU 0 fails at 25
+    df = trace([("a", "A", 0, 0, 10, 2.0), ("a", "A", 1, 0, 10, 5.0), ("b", "B", 0, 0, 3, 0.0)])
+    out = run(df, [["A", "B"]], spec, faults=gpu_fault(25.0, 0))
+    res = out.result
+    assert res.complete
+    a = res.state.trajs["A"]
+    assert a.status.value == "trained" and a.turns_done == 2 and a.dispatches == 2
+    assert a.finish_time == pytest.approx(a_done, abs=1e-6)
+    assert res.trajs["A"].wasted == 0  # its turns were all done: nothing thrown away

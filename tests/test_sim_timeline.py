@@ -92,3 +92,26 @@ def test_partial_interrupt_in_tool_time_stays_above_bound():
                 ("task2", "T2", 0, 0, 0, 17.0), ("task2", "T2", 1, 0, 0, 0.0)])
     out = run(df, [["T0", "T2"], ["T1"]], "partial:finish_fraction=1.0,budget_s=3", sandbox_slots=1)
     assert out.result.makespan >= out.lower_bound_seconds
+
+
+@pytest.mark.parametrize("spec", ["colocated", "elastic", "async:staleness=0", "partial"])
+def test_the_last_turns_tool_call_is_part_of_the_trajectory(tmp_path, spec):
+    # B's last turn is followed by a 3 s tool call (a submission running its tests): B is
+    # done when that returns, not when its last token is generated. colocated: e1 runs B's
+    # turn 0 1-2, tool 2-4, turn 1 4-5, final tool 5-8 (held in tool wait); training 8-9.
+    df = ABC.copy()
+    df.loc[(df.trajectory_id == "B") & (df.turn == 1), "env_seconds"] = 3.0
+    out = run(df, [["A", "B", "C"]], spec, out_dir=tmp_path / "r")
+    rec = read_run(tmp_path / "r")
+    fin = rec.events[(rec.events.kind == "TrajectoryFinished") & (rec.events.trajectory == "B")]
+    assert list(fin.detail) == ["done"]
+    base = run(ABC, [["A", "B", "C"]], spec)
+    b_base = base.result.state.trajs["B"].finish_time
+    assert fin.time.iloc[0] == pytest.approx(b_base + 3.0, **APPROX)
+    assert out.result.state.trajs["B"].turns_done == 2
+    assert rec.meta["lower_bound_seconds"] <= out.result.makespan + 1e-9
+    if spec == "colocated":
+        assert fin.time.iloc[0] == pytest.approx(8.0, **APPROX)
+        assert out.result.makespan == pytest.approx(9.0, **APPROX)
+        iv = rec.intervals.assign(gs=lambda d: (d.end - d.start) * d.gpu_count)
+        assert iv.groupby("state").gs.sum()["tool_wait"] == pytest.approx(2.0 + 3.0, **APPROX)
