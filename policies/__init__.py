@@ -4,6 +4,15 @@ Importing this package registers the shipped policies.
 """
 
 from . import asynchronous, colocated, elastic, partial  # noqa: F401  (registration side effect)
-from .registry import available, canonical_spec, get_policy_class, make_policy, parse_spec, register
+from .registry import (
+    available,
+    canonical_spec,
+    get_policy_class,
+    make_policy,
+    make_policy_and_spec,
+    parse_spec,
+    register,
+)
 
-__all__ = ["available", "canonical_spec", "get_policy_class", "make_policy", "parse_spec", "register"]
+__all__ = ["available", "canonical_spec", "get_policy_class", "make_policy", "make_policy_and_spec",
+           "parse_spec", "register"]

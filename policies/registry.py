@@ -115,3 +115,10 @@ def canonical_spec(policy: Policy) -> str:
     """``NAME:key=value,...`` with every parameter, so a record says exactly what ran."""
     values = ",".join(f"{p.name}={getattr(policy, p.name)}" for p in type(policy).params)
     return f"{policy.name}:{values}" if values else policy.name
+
+
+def make_policy_and_spec(spec: str) -> tuple[Policy, str]:
+    """The policy of ``spec`` and its canonical spec: the factory a composition root hands
+    a driver that must build a policy itself (a live run resumed from its checkpoint)."""
+    policy = make_policy(spec)
+    return policy, canonical_spec(policy)

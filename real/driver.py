@@ -29,6 +29,7 @@ from typing import Any
 import pandas as pd
 
 from rlsched.cluster.errors import ConfigError, LiveBackendError
+from rlsched.cluster.policy import Policy
 
 _NEEDED = ("torch", "ray", "vllm", "megatron", "safetensors", "tokenizers", "jinja2")
 _missing = [m for m in _NEEDED if importlib.util.find_spec(m) is None]
@@ -39,11 +40,17 @@ if _missing:
     )
 
 Progress = Callable[[int, int, float], None]
+# spec -> (the policy, its canonical spec). The composition root hands the live driver the
+# policy registry's factory (``rlsched.policies.make_policy_and_spec``): ``real/`` knows the
+# policies it is handed, never the registry (DESIGN.md), and a resumed run names its policy
+# only by the spec in its checkpoint.
+PolicyMaker = Callable[[str], tuple[Policy, str]]
 
 
-def run_live(policy_spec: str | None, *, steps: int | None, out_dir: Path,
+def run_live(policy_spec: str | None, *, make: PolicyMaker, steps: int | None, out_dir: Path,
              config: dict[str, Any] | None = None, seed: int = 0, progress: Progress | None = None) -> Path:
-    """Run ``policy_spec`` live for ``steps`` optimizer steps; write the record to ``out_dir``.
+    """Run ``policy_spec`` (built with ``make``) live for ``steps`` optimizer steps; write the
+    record to ``out_dir``.
 
     ``config``: ``{"run": RunConfig | None, "live": dict (the [live] table), "force": bool,
     "resume": bool}``; ``seed`` overrides ``run.seed``. With ``resume``, ``out_dir`` is the run
@@ -51,7 +58,6 @@ def run_live(policy_spec: str | None, *, steps: int | None, out_dir: Path,
     its checkpoint (seed included), and given ones must equal it. Returns ``out_dir``.
     """
     from rlsched.cluster.config import RunConfig
-    from rlsched.policies import canonical_spec, make_policy
 
     from . import checkpoint
     from .live_config import LiveSettings
@@ -76,12 +82,11 @@ def run_live(policy_spec: str | None, *, steps: int | None, out_dir: Path,
     spec = policy_spec if policy_spec is not None else (manifest or {}).get("policy")
     if spec is None:
         raise ConfigError("run --live: no policy given (--policy, or a [[policy]] entry in --config)")
-    policy = make_policy(spec)
+    policy, canonical = make(spec)
     settings = LiveSettings.from_config(live, tasks_per_step=run.tasks_per_step,
                                         samples_per_task=run.samples_per_task)
     gpus, tp = settings.cluster(run.gpus, run.tp)
     run = replace(run, steps=steps)
-    canonical = canonical_spec(policy)
     fp = checkpoint.fingerprint(run, settings, gpus, tp)
     resumed = checkpoint.load(out, manifest, policy=canonical, fp=fp) if manifest else None
     if resumed is None:

@@ -110,7 +110,7 @@ def run_cmd(
     resume: Annotated[bool, typer.Option("--resume", help="Live only: continue the run in --out from its last optimizer step.")] = False,
 ) -> None:
     """Run one policy: in the simulator on a trace, or with --live on real engines."""
-    from rlsched.policies import make_policy
+    from rlsched.policies import make_policy, make_policy_and_spec
 
     if policy is None:
         policies = load_config(config).policies if config is not None else ()
@@ -132,14 +132,16 @@ def run_cmd(
         if resume and config is None:  # continue with the run's own settings (its checkpoint has them)
             if gpus is not None or tp is not None or seed is not None:
                 raise ConfigError("--resume without --config continues with the run's own settings; drop --gpus/--tp/--seed")
-            path = run_live(policy, steps=steps, out_dir=out, config={"run": None, "live": None, "resume": True})
+            path = run_live(policy, make=make_policy_and_spec, steps=steps, out_dir=out,
+                            config={"run": None, "live": None, "resume": True})
             typer.echo(f"live run written to {path}")
             return
         run = cfg.run.with_overrides(steps=steps, seed=seed)
         # --gpus/--tp name the live host, so they win over [live] gpus/tp as well as [cluster]
         # (through the [live] table: a planned tp=4 need not divide the host's 2 slots)
         live_table = {**cfg.live, **{k: v for k, v in (("gpus", gpus), ("tp", tp)) if v is not None}}
-        path = run_live(policy, steps=run.steps, out_dir=out, config={"run": run, "live": live_table, "force": force, "resume": resume}, seed=run.seed)
+        path = run_live(policy, make=make_policy_and_spec, steps=run.steps, out_dir=out,
+                        config={"run": run, "live": live_table, "force": force, "resume": resume}, seed=run.seed)
         typer.echo(f"live run written to {path}")
         return
     if resume:

@@ -26,13 +26,14 @@ def _config(cache, **live):
 def test_elastic_two_steps_live(tiny_cache, tmp_path) -> None:
     from rlsched.analysis.load import check_record
     from rlsched.cluster.record import read_run
+    from rlsched.policies import make_policy_and_spec
     from rlsched.real.driver import run_live
     from rlsched.traces.load import load_trace
 
     seen: list[int] = []
     # tail=1.0: consolidate as soon as one trajectory is done, so engines leave rollout
     # while others still run and their trajectories migrate.
-    out = run_live("elastic:tail=1.0,pack=4", steps=2, out_dir=tmp_path / "run", config=_config(tiny_cache),
+    out = run_live("elastic:tail=1.0,pack=4", make=make_policy_and_spec, steps=2, out_dir=tmp_path / "run", config=_config(tiny_cache),
                    seed=0, progress=lambda done, n, t: seen.append(done))
     assert seen == [1, 2]
     rec = read_run(out)
@@ -73,21 +74,23 @@ def test_elastic_two_steps_live(tiny_cache, tmp_path) -> None:
 
 def test_bad_model_path_leaves_nothing(tiny_cache, tmp_path) -> None:
     from rlsched.cluster.errors import LiveBackendError
+    from rlsched.policies import make_policy_and_spec
     from rlsched.real.driver import run_live
 
     out = tmp_path / "run"
     with pytest.raises(LiveBackendError, match="not a directory") as err:
-        run_live("colocated", steps=1, out_dir=out, config=_config(tiny_cache, model=str(tmp_path / "nope")))
+        run_live("colocated", make=make_policy_and_spec, steps=1, out_dir=out, config=_config(tiny_cache, model=str(tmp_path / "nope")))
     assert "\n" not in str(err.value)
     assert not out.exists()
 
 
 def test_unknown_live_key_is_a_config_error(tiny_cache, tmp_path) -> None:
     from rlsched.cluster.errors import ConfigError
+    from rlsched.policies import make_policy_and_spec
     from rlsched.real.driver import run_live
 
     with pytest.raises(ConfigError, match="did you mean 'max_turns'"):
-        run_live("colocated", steps=1, out_dir=tmp_path / "run", config=_config(tiny_cache, max_turn=2))
+        run_live("colocated", make=make_policy_and_spec, steps=1, out_dir=tmp_path / "run", config=_config(tiny_cache, max_turn=2))
 
 
 def test_planned_cluster_config_runs_on_the_live_host(tiny_cache, tmp_path) -> None:

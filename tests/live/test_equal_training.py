@@ -38,6 +38,7 @@ def _trained(out) -> dict[int, set[tuple[str, int, int, int]]]:
 
 def test_elastic_trains_what_colocated_trains(tiny_cache, tmp_path) -> None:
     from rlsched.cluster.config import RunConfig
+    from rlsched.policies import make_policy_and_spec
     from rlsched.real.driver import run_live
 
     config = {"run": RunConfig(gpus=2, tp=1, steps=2), "live": {**TINY, "cache_dir": str(tiny_cache)}}
@@ -45,7 +46,7 @@ def test_elastic_trains_what_colocated_trains(tiny_cache, tmp_path) -> None:
     # tail=1.0: elastic hands an engine to the trainer as soon as one trajectory is done, so
     # the step really is split between rollout and streamed training.
     for spec in ("colocated", "elastic:tail=1.0,staleness=0"):
-        out = run_live(spec, steps=2, out_dir=tmp_path / spec.split(":")[0], config=config, seed=0)
+        out = run_live(spec, make=make_policy_and_spec, steps=2, out_dir=tmp_path / spec.split(":")[0], config=config, seed=0)
         runs[spec] = _trained(out)
     colocated, elastic = runs.values()
     assert sorted(colocated) == [0, 1]
