@@ -126,11 +126,10 @@ class Elastic:
             cmds += self._reclaim(view)
         dispatched = self._dispatch(view) + self._resume(view)
         cmds += dispatched
-        trainer = set(view.trainer().gpus)
-        if not any(isinstance(c, Reassign) and c.role is not Role.TRAIN and trainer.intersection(c.gpus)
-                   for c in cmds):
-            # (a micro-batch queued now would start on whatever GPUs the trainer has
-            # later; while its GPUs are being handed back, wait until it gets new ones)
+        leaving = {g for c in cmds if isinstance(c, Reassign) and c.role is not Role.TRAIN for g in c.gpus}
+        if leaving.isdisjoint(view.trainer().gpus):
+            # (a micro-batch queued while the trainer's GPUs are being handed back would
+            # start on whatever GPUs it gets later: wait until it has them)
             cmds += self._train(view)
         if not dispatched:  # let new work settle on the engines before packing them
             cmds += self._consolidate(view)

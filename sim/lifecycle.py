@@ -44,6 +44,9 @@ class Lifecycle(DriverCore):
             t.prompts, t.outputs, t.env_s = self.w.turn_lists(t.widx)
         if t.in_env:
             return  # interrupted in a tool call that still runs: it queues when the call returns
+        if ts.turns_done == t.n_turns:  # interrupted in its last tool call, which has returned
+            self._complete(t, eng.id)
+            return
         eng.es.queue.append(t.tid)
         self._admit(eng)
 
@@ -55,10 +58,6 @@ class Lifecycle(DriverCore):
         while queue and not es.draining:
             t = trajs[queue[0]]
             i = t.ts.turns_done
-            if i == t.n_turns:  # resumed after its last tool call returned: nothing to run
-                queue.popleft()
-                self._finish(t, _TIMED_OUT if t.truncated else _DONE, eng.id)
-                continue
             need = t.ctx + t.prompts[i] + t.outputs[i]
             if need > eng.kv_capacity:
                 queue.popleft()
@@ -208,8 +207,12 @@ class Lifecycle(DriverCore):
         eng.es.running.discard(t.tid)
         eng.env_lru.pop(t, None)
         eng.release(t)
-        self._finish(t, _TIMED_OUT if t.truncated else _DONE, eng.id)
+        self._complete(t, eng.id)
         self._admit(eng)
+
+    def _complete(self, t: SimTraj, e: int) -> None:
+        """``t`` has run every turn and tool call it has: done (timed out if the trace cut it)."""
+        self._finish(t, _TIMED_OUT if t.truncated else _DONE, e)
 
     def _env_later(self, t: SimTraj, delay: float, token: int) -> None:
         """The tool call of ``t`` (``env_token`` = ``token``) returns in ``delay`` seconds."""
@@ -288,7 +291,7 @@ class Lifecycle(DriverCore):
         ts = t.ts
         e = ts.engine
         if ts.turns_done == t.n_turns:  # that was its last tool call: done, no engine needed
-            self._finish(t, _TIMED_OUT if t.truncated else _DONE, e)
+            self._complete(t, e)
             return
         es = self.state.engines_.get(e)
         if es is None or es.draining:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 
 from rlsched.cluster.config import RunConfig
@@ -60,3 +61,21 @@ ABC = trace([
     ("t", "B", 1, 5, 1, 0.0),
     ("t", "C", 0, 10, 2, 0.0),
 ])
+
+
+def synthetic(n_traj: int, turns: int, tokens: float = 1.0, steps: int = 2, seed: int = 0):
+    """Plain workload and its batches: ``steps`` x ``n_traj`` trajectories of ``turns`` turns,
+    Poisson prompts (~20 x ``tokens``) and outputs (~10 x ``tokens``), 1-10 s tools."""
+    rng = np.random.default_rng(seed)
+    n = n_traj * steps
+    rows = n * turns
+    ids = np.repeat(np.array([f"g{i:04d}" for i in range(n)], dtype=object), turns)
+    df = pd.DataFrame({
+        "task_id": ids, "trajectory_id": ids, "turn": np.tile(np.arange(turns), n),
+        "prompt_tokens": np.maximum(1, rng.poisson(20 * tokens, rows)),
+        "output_tokens": np.maximum(1, rng.poisson(10 * tokens, rows)),
+        "env_seconds": rng.uniform(1.0, 10.0, rows),
+    })
+    w = Workload.from_frame(df)
+    ids_u = w.trajectory_ids
+    return w, [[(t, t) for t in ids_u[s * n_traj:(s + 1) * n_traj]] for s in range(steps)]

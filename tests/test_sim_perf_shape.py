@@ -6,7 +6,6 @@ collector the driver pauses is back on afterwards."""
 import gc
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -14,23 +13,8 @@ from rlsched.cluster.config import RunConfig
 from rlsched.policies import make_policy
 from rlsched.sim.cost import CostModel
 from rlsched.sim.run import simulate
-from rlsched.sim.workload import Workload
 
-
-def synthetic(n_traj: int, turns: int, tokens: float, steps: int = 2, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    n = n_traj * steps
-    rows = n * turns
-    ids = np.repeat(np.array([f"g{i:04d}" for i in range(n)], dtype=object), turns)
-    df = pd.DataFrame({
-        "task_id": ids, "trajectory_id": ids, "turn": np.tile(np.arange(turns), n),
-        "prompt_tokens": np.maximum(1, rng.poisson(20 * tokens, rows)),
-        "output_tokens": np.maximum(1, rng.poisson(10 * tokens, rows)),
-        "env_seconds": rng.uniform(1.0, 10.0, rows),
-    })
-    w = Workload.from_frame(df)
-    ids_u = w.trajectory_ids
-    return w, [[(t, t) for t in ids_u[s * n_traj:(s + 1) * n_traj]] for s in range(steps)]
+from simkit import synthetic
 
 
 def events(spec: str, n_traj: int, turns: int, tokens: float, gpus: int = 32) -> tuple[int, int]:

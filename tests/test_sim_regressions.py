@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-import numpy as np
 import pandas as pd
 import pytest
 import simpy
@@ -40,6 +39,8 @@ from rlsched.sim.engine import EngineSim
 from rlsched.sim.run import SimOutcome, simulate
 from rlsched.sim.workload import Workload
 from rlsched.traces import draw_batches, load_trace, sample_trace_path
+
+from simkit import synthetic
 
 COST = CostModel()
 COLUMNS = ["task_id", "trajectory_id", "turn", "prompt_tokens", "output_tokens", "env_seconds"]
@@ -88,22 +89,6 @@ def sim(workload: Workload, batches, spec: str, *, gpus: int, tp: int, cost: Cos
         assert out.result.makespan >= out.lower_bound_seconds - 1e-6
     return out
 
-
-def synthetic(n_traj: int, turns: int, steps: int = 2, seed: int = 0):
-    """Plain workload: every trajectory ``turns`` turns, Poisson tokens, 1-10 s tools."""
-    rng = np.random.default_rng(seed)
-    n = n_traj * steps
-    rows = n * turns
-    ids = np.repeat(np.array([f"g{i:04d}" for i in range(n)], dtype=object), turns)
-    df = pd.DataFrame({
-        "task_id": ids, "trajectory_id": ids, "turn": np.tile(np.arange(turns), n),
-        "prompt_tokens": np.maximum(1, rng.poisson(20, rows)),
-        "output_tokens": np.maximum(1, rng.poisson(10, rows)),
-        "env_seconds": rng.uniform(1.0, 10.0, rows),
-    })
-    w = Workload.from_frame(df)
-    ids_u = w.trajectory_ids
-    return w, [[(t, t) for t in ids_u[s * n_traj:(s + 1) * n_traj]] for s in range(steps)]
 
 
 # --------------------------------------------------------------- 1. KV use is reported
