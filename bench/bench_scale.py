@@ -10,11 +10,11 @@ Prints three things (no timed tests; figures depend on the machine):
    record), events and events/s, peak RSS;
 2. the same trajectories and turns through a bare SimPy loop (``bare_simpy.py``: one
    process per trajectory, two timeouts per turn), run in each policy's process just
-   before it (same conditions), and the ratio -- for the same work (simulation time /
+   before and just after it (same conditions; their mean), and the ratio -- for the same work (simulation time /
    bare time) and per event; plus the bare loop alone in its own process;
 3. growth: simulation time while doubling turns per trajectory, multiplying tokens per
    turn by 10 and 100, doubling GPUs and doubling trajectories per step, with the fitted
-   exponent of each (least squares on log-log; best of two runs per point).
+   exponent of each (least squares on log-log; best of three runs per point).
 
     python bench/bench_scale.py            # 48 steps (many minutes: run it alone)
     python bench/bench_scale.py --quick    # 4 steps, fewer growth points
@@ -57,6 +57,7 @@ def _load(trace: str, steps: int):
 def child_policy(spec: str, trace: str, steps: int) -> dict:
     from rlsched.cluster.config import RunConfig
     from rlsched.policies import make_policy
+    from rlsched.sim import compiled
     from rlsched.sim.cost import CostModel
     from rlsched.sim.run import simulate
 
@@ -66,11 +67,12 @@ def child_policy(spec: str, trace: str, steps: int) -> dict:
     t0 = time.perf_counter()
     workload, batches = _load(trace, steps)
     t_load = time.perf_counter() - t0
-    # the bare loop over the same turns, in this process just before the run, so the
-    # ratio is measured under the same conditions (gc paused, as the simulator does)
+    # the bare loop over the same turns, in this process just before the run and again
+    # just after it, so the ratio is measured under the same conditions (gc paused, as
+    # the simulator does) and a drift of the machine's speed shows as two different times
     c0 = time.process_time()
-    bare_s, bare_events = bare_run(workload, batches, gc_off=True)
-    bare_cpu = time.process_time() - c0
+    bare_before, bare_events = bare_run(workload, batches, gc_off=True)
+    bare_cpu_before = time.process_time() - c0
     start = time.perf_counter()
 
     def progress(done: int, total: int, now: float) -> None:
@@ -86,12 +88,18 @@ def child_policy(spec: str, trace: str, steps: int) -> dict:
         t_simulate, cpu_simulate = time.perf_counter() - t1, time.process_time() - c1
         meta = json.loads((Path(d) / "run" / "meta.json").read_text())
     r = out.result
+    c0 = time.process_time()
+    bare_after, _ = bare_run(workload, batches, gc_off=True)
+    bare_cpu = (bare_cpu_before + time.process_time() - c0) / 2
+    bare_s = (bare_before + bare_after) / 2
     return {
         "spec": spec, "steps": steps, "complete": r.complete, "load_s": t_load,
         "sim_s": r.wall_seconds, "simulate_s": t_simulate, "events": r.events_processed,
         "turns": int(sum(ts.turns_done for ts in r.state.trajs.values())),
         "makespan": r.makespan, "record_complete": meta["complete"], "rss_mb": _peak_rss_mb(),
-        "bare_s": bare_s, "bare_events": bare_events, "bare_cpu": bare_cpu, "simulate_cpu": cpu_simulate,
+        "bare_s": bare_s, "bare_before_s": bare_before, "bare_after_s": bare_after,
+        "bare_events": bare_events, "bare_cpu": bare_cpu, "simulate_cpu": cpu_simulate,
+        "compiled": list(compiled()),
     }
 
 
@@ -122,8 +130,9 @@ def seed_scale(trace: str, steps: int, specs: list[str]) -> None:
     rows = [run_child(["--_child", spec, trace, str(steps)]) for spec in specs]
     print(f"\n## Seed scale: swe-seed, {SEED_GPUS} GPUs (tp={SEED_TP}), {steps} steps, "
           f"{TASKS_PER_STEP * 8} trajectories/step\n")
+    print(f"inner loop: {'compiled (' + ', '.join(rows[0]['compiled']) + ')' if rows and rows[0]['compiled'] else 'pure Python'}\n")
     print("| run | turns | events | load s | sim s | simulate s | events/s | us/event | "
-          "bare s | sim / bare | per event / bare | CPU simulate / bare | peak RSS MB |")
+          "bare s (before, after) | sim / bare | per event / bare | CPU simulate / bare | peak RSS MB |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         us = r["sim_s"] / r["events"] * 1e6
@@ -131,7 +140,7 @@ def seed_scale(trace: str, steps: int, specs: list[str]) -> None:
         flag = "" if r["complete"] and r["record_complete"] else " (INCOMPLETE)"
         print(f"| {r['spec']}{flag} | {r['turns']:,} | {r['events']:,} | {r['load_s']:.1f} | "
               f"{r['sim_s']:.1f} | {r['simulate_s']:.1f} | {r['events'] / r['sim_s']:,.0f} | "
-              f"{us:.2f} | {r['bare_s']:.1f} | {r['sim_s'] / r['bare_s']:.2f}x | {us / b_us:.2f}x | "
+              f"{us:.2f} | {r['bare_s']:.1f} ({r['bare_before_s']:.1f}, {r['bare_after_s']:.1f}) | {r['sim_s'] / r['bare_s']:.2f}x | {us / b_us:.2f}x | "
               f"{r['simulate_cpu'] / r['bare_cpu']:.2f}x | {r['rss_mb']:,.0f} |")
     b_us = bare["sim_s"] / bare["events"] * 1e6
     print(f"| {bare['spec']} (own process, gc on) | {bare['turns']:,} | {bare['events']:,} | "
@@ -140,7 +149,8 @@ def seed_scale(trace: str, steps: int, specs: list[str]) -> None:
     print("\nsim s: the simulation itself (SimDriver.run); simulate s: plus the lower bound, "
           "checks and writing the run record. bare s: the bare SimPy loop over the same "
           "trajectories and turns (two timeouts per turn, gc paused as in the simulator), run "
-          "in the policy's own process just before it; the ratios compare sim s with it (CPU: "
+          "in the policy's own process just before and just after it (mean; the two differ "
+          "when the machine's speed drifts); the ratios compare sim s with it (CPU: "
           "process time of simulate(), i.e. with bound and record, over the bare loop's).")
 
 
@@ -175,7 +185,7 @@ def growth_point(spec: str, gpus: int, n_traj: int, turns: int, tokens: float, s
 
     w, batches = synthetic(n_traj, turns, tokens, steps)
     best, events = float("inf"), 0
-    for _ in range(2):
+    for _ in range(3):
         r = SimDriver(w, batches, make_policy(spec), RunConfig(gpus=gpus, tp=4, steps=steps),
                       CostModel()).run()
         best, events = min(best, r.wall_seconds), r.events_processed

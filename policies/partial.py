@@ -83,6 +83,10 @@ class Partial:
         match event:
             case RunStarted():
                 return [Reassign(usable(view, Role.ROLLOUT), Role.ROLLOUT)]
+            case RolesChanged(role=Role.ROLLOUT) if self._phase is Role.TRAIN and self._trained < self._step:
+                # the step's rollout ended while a failure's reassign was moving GPUs to
+                # rollout (see Colocated): the GPUs that arrived go on to train
+                return [] if view.gpus_in(Role.SWITCHING) else self._to(Role.TRAIN, view)
             case RolesChanged(role=Role.ROLLOUT) if not view.engines() and not view.gpus_in(Role.SWITCHING):
                 return self._to(Role.ROLLOUT, view) if self._phase is Role.ROLLOUT else []  # failures
             case RolesChanged(role=Role.ROLLOUT):

@@ -37,6 +37,7 @@ def lower_bound(
     defers: bool,
     turns_kept: dict[str, int] | None = None,
     train_flops: dict[str, float] | None = None,
+    cut: set[str] | frozenset[str] = frozenset(),
 ) -> float:
     tp, gpus = config.tp, config.gpus
     p = workload.prompt.astype(np.float64)
@@ -80,9 +81,10 @@ def lower_bound(
             ctx = cs_tok[e] - cs_tok[s]
             fl = train_flops[rid] if train_flops is not None and rid in train_flops else cost.train_flops(ctx)
             # a trajectory cut short (partial rollout) is trained without waiting for its
-            # last kept turn's tool call; a whole one ends with its last tool call
+            # last kept turn's tool call, also when that was its last turn (``cut``: it did
+            # not end on its own); a whole one ends with its last tool call
             t_solo = cs_solo[e] - cs_solo[s]
-            if k < int(workload.turns[i]):
+            if k < int(workload.turns[i]) or rid in cut:
                 t_solo -= workload.env[e - 1]
             path = t_solo + fl / train_rate
             # (an interrupt keeping progress leaves a tool call running: a resumed

@@ -17,9 +17,9 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from heapq import heappush
-from typing import Any, ClassVar
+from functools import partial
+from heapq import heappop, heappush
+from typing import Any
 
 import simpy
 
@@ -35,56 +35,10 @@ from .engine import EngineSim
 from .gpus import GpuStates
 from .timers import NORMAL, Call, queue_of
 from .trainer import TrainerSim
+from .traj import SimTraj
 from .workload import Batches, Workload
 
 Progress = Callable[[int, int, float], None]  # (steps done, steps, sim time)
-
-
-@dataclass(slots=True, eq=False)
-class SimTraj:
-    """Simulator-side state of one trajectory (its turn data only while in flight).
-
-    Identity-hashed (``eq=False``): engines key their batch and KV tables by these
-    objects, so the hot path never looks a trajectory up by id. It is also the SimPy event
-    of its own tool-call timer (``callbacks``/``_ok``, like :class:`Call`) whenever no
-    such timer of it is pending, which saves allocating one object per simulated turn.
-    """
-
-    _ok: ClassVar[bool] = True
-
-    tid: str
-    widx: int  # index in the workload
-    n_turns: int
-    truncated: bool
-    ts: Any = None  # its ClusterState.TrajState (status, engine, turns_done)
-    prompts: list[int] | None = None  # per-turn data while in flight
-    outputs: list[int] | None = None
-    env_s: list[float] | None = None
-    ctx: int = 0  # tokens of finished, kept turns
-    charged: int = -1  # tokens the trainer was charged for (-1: its whole context)
-    prompt_kept: int = 0
-    output_kept: int = 0
-    generated: int = 0  # every output token ever produced (kept + wasted)
-    wasted: int = 0
-    mid_turn: bool = False  # current turn's prompt is in the context
-    turn_progress: int = 0  # tokens of the current turn produced and kept
-    turn_version: int = -1
-    kv_cached: bool = False
-    moved_at: float = -1.0  # KV can be pulled from the engine it left at this time
-    env_token: int = 0  # bumps cancel a pending tool-call completion
-    join_token: int = 0  # bumps cancel a pending join after a KV transfer
-    in_env: bool = False
-    sandbox: bool = False
-    waiting_sandbox: bool = False
-    callbacks: tuple | None = None  # set while it is pending as its own timer event
-    timer_token: int = 0  # env_token of that pending timer
-    hung: float = 0.0  # its pending tool call hung and is cut after this many seconds
-    fault_hits: int = 0  # times a fault stopped it (each time it was dispatched again)
-
-    @property
-    def turns_done_kept(self) -> int:
-        """Finished, kept turns (its ``TrajState.turns_done``)."""
-        return self.ts.turns_done
 
 
 STAT_KEYS = (
@@ -169,12 +123,41 @@ class DriverCore:
         self._charge = charge or self._full_context_flops
         self._engine_switch: dict[int, tuple[int, Any]] = {}
         self._callbacks = (self._fire,)
-        self._wake_callbacks = (self._wake_timer,)  # the two per-turn timers (lifecycle)
-        self._env_callbacks = (self._env_timer,)
+        # the two per-turn timers (.turns): SimPy calls them with the event only. (Imported
+        # here: .turns types its driver argument as this class, so it imports this module.)
+        from .turns import env_timer, wake_timer
+
+        self._wake_callbacks = (partial(wake_timer, self),)
+        self._env_callbacks = (partial(env_timer, self),)
         self.now = 0.0  # simulated time of the timer being processed
         self._queue, self._eid = queue_of(self.env)  # see .timers
         self._switch_gid: dict[int, int] = {}  # GPU -> switch group it is switching with
         self.fault = FaultState(faults)  # see .faults
+
+    # ---------------------------------------------------------------- loop
+    def _run_until(self, until: simpy.Event) -> None:
+        """``env.run(until=until)``, stepping SimPy's queue here: the same events in the
+        same order with the same effects as ``Environment.step`` (pop the earliest
+        ``(time, priority, id, event)``, set the clock, detach and call the event's
+        callbacks, raise a failed event's exception unless it was defused). Compiled
+        (``core.pxd``) it spares the Python call ``step`` costs per event; as Python it
+        is ``env.run`` without the ``StopSimulation`` callback."""
+        env = self.env
+        queue = self._queue
+        while until.callbacks is not None:  # (until the event has been processed)
+            if not queue:
+                raise RuntimeError(
+                    f'No scheduled events left but "until" event was not triggered: {until}')
+            now, _, _, event = heappop(queue)
+            env._now = now
+            callbacks = event.callbacks
+            event.callbacks = None
+            for callback in callbacks:
+                callback(event)
+            if not event._ok and not hasattr(event, "_defused"):
+                exc = type(event._value)(*event._value.args)
+                exc.__cause__ = event._value
+                raise exc
 
     # -------------------------------------------------------------- timers
     def _later(self, delay: float, fn: Callable[[Any, Any], None], a: Any = None, b: Any = None) -> None:

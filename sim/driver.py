@@ -82,7 +82,7 @@ class SimDriver(Lifecycle, Roles, Training, Recording, FaultMixin):
             self._pump()
             self._arm_faults()
             if not self._done.triggered:
-                self.env.run(until=self._done)
+                self._run_until(self._done)
         except RuntimeError as exc:
             if "until" not in str(exc) and "No scheduled events" not in str(exc):
                 raise

@@ -23,10 +23,9 @@ trajectory objects (hashed by identity) rather than looked up by id.
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections import OrderedDict
 from collections.abc import Hashable
+from heapq import heapify, heappop, heappush
 from typing import Any
 
 from .cost import CostModel
@@ -74,7 +73,9 @@ class EngineSim:
         self.ctx_base = 0.0  # sum of member bases
         self.kv_reserved = 0
         self.reservations: dict[Hashable, int] = {}
-        self.env_lru: OrderedDict[Hashable, None] = OrderedDict()  # in tool time, KV held
+        # in tool time, KV held, oldest tool call first (a key is always absent when a tool
+        # call starts, so a plain dict keeps the order an LRU needs)
+        self.env_lru: dict[Hashable, None] = {}
         self.evicted: list[Any] = []  # drained by the driver after reserve()
         self.wake_at = _INF
         self.seq_counter = 0
@@ -142,7 +143,7 @@ class EngineSim:
         members = self.members
         members[key] = (target, base)
         self.ctx_base += base
-        heapq.heappush(self.heap, (target, seq, key, base))
+        heappush(self.heap, (target, seq, key, base))
         b = len(members)
         mem = (self._weights + self._kv_tok * (self.ctx_base + b * p)) / self._mem_den
         comp = self._params2 * b / self._comp_den
@@ -158,7 +159,7 @@ class EngineSim:
         last = heap.pop()
         if i < len(heap):
             heap[i] = last
-            heapq.heapify(heap)
+            heapify(heap)
         self.ctx_base -= base
         self._recompute_rate()
         left = target - self.progress
@@ -180,7 +181,7 @@ class EngineSim:
             # wake-up armed before the batch slowed fired, finishing runs below their bound)
             if target > progress + 1e-9 * (1.0 + target):
                 break
-            heapq.heappop(heap)
+            heappop(heap)
             del members[key]
             self.ctx_base -= base
             due.append(key)
@@ -223,7 +224,7 @@ class EngineSim:
                 ev: Any = self
             else:
                 ev = Call(self.wake_callbacks, None, self, at)
-            heapq.heappush(self.queue, (now + (at - now if at > now else 0.0), NORMAL, next(self.eid), ev))
+            heappush(self.queue, (now + (at - now if at > now else 0.0), NORMAL, next(self.eid), ev))
 
     # ------------------------------------------------------------------ KV
     # What policies see as ``EngineInfo.kv_used`` is ``kv_reserved``, kept in step here: the

@@ -6,7 +6,7 @@ are written per contiguous GPU range with a common start, keeping the record sma
 
 An engine's GPUs change state about twice per simulated turn (generate <-> tool wait), so
 an open engine *owns* its range (:meth:`GpuStates.claim`): it keeps the range's state and
-start itself and closes intervals with :meth:`GpuStates.close_range`, and the per-GPU
+start itself and closes its intervals (``turns.engine_touch``), and the per-GPU
 lists are brought up to date only when someone else reads or writes those GPUs
 (:meth:`GpuStates.release`, done by every other method here).
 """
@@ -29,6 +29,9 @@ class GpuStates:
         self.step: list[int] = [-1] * num_gpus
         self.owner: list[Any] = [None] * num_gpus  # engine that holds the GPU's state
         self.rec = recorder
+        # where engines append their intervals (turns.engine_touch; see RunRecorder)
+        self.iv_cols = recorder.pending_intervals() if recorder is not None else None
+        self.iv_flush = recorder.flush_rows if recorder is not None else 0
         self.busy_seconds: dict[str, float] = {}
 
     # --------------------------------------------------------- ownership
@@ -57,15 +60,6 @@ class GpuStates:
         if o is not None:
             self.release(o)
         return self.state[gpu]
-
-    def close_range(self, first: int, count: int, state: GpuState, since: float, now: float) -> None:
-        """An owner's interval ends: GPUs ``first..first+count-1`` were in ``state`` since
-        ``since`` (step -1)."""
-        if now > since:
-            v = VALUE[state]
-            self.busy_seconds[v] = self.busy_seconds.get(v, 0.0) + (now - since) * count
-            if self.rec is not None:
-                self.rec.interval(first, count, since, now, v, -1)
 
     # ----------------------------------------------------------- writes
     def set(self, gpus: Iterable[int], state: GpuState, now: float, step: int = -1) -> None:

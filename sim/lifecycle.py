@@ -1,12 +1,11 @@
 """Trajectory lifecycle in the simulator: dispatch, admission under KV capacity, turns
 (prefill + shared-rate decode), tool time with sandbox slots, finish, interrupt, migration.
 
-Per simulated turn the driver processes two timers: an engine wake-up (the turn's decode
-ends, :meth:`Lifecycle._wake_timer`) and a tool-call return (:meth:`Lifecycle._env_timer`).
-They are the simulator's inner loop, so they are SimPy callbacks of their own (no generic
-dispatch), push their successors onto the event queue directly (see :mod:`.core`), work
-on :class:`~rlsched.sim.core.SimTraj` and :class:`~rlsched.sim.engine.EngineSim` objects
-rather than ids, and touch ids only where the policy-visible ``ClusterState`` needs them.
+The two timers every simulated turn fires (an engine wake-up when a decode ends, a
+tool-call return) are the inner loop and live in :mod:`.turns`; they call the methods
+here on their uncommon paths. These methods work on :class:`~rlsched.sim.traj.SimTraj`
+and :class:`~rlsched.sim.engine.EngineSim` objects rather than ids, and touch ids only
+where the policy-visible ``ClusterState`` needs them.
 """
 
 from __future__ import annotations
@@ -126,81 +125,8 @@ class Lifecycle(DriverCore):
         self._engine_touch(eng)
         eng.rearm(self.now)
 
-    # ------------------------------------------------ the two per-turn timers
-    # These two callbacks are the inner loop (each runs once per simulated turn), so their
-    # common path is written out here: the tool-call timer is pushed inline (as in
-    # :meth:`_env_later`), and the engine's GPU state is
-    # recomputed only when it can have changed (a decoding engine, not syncing, whose
-    # GPUs already show GENERATE: :meth:`_engine_touch` would do nothing).
-
-    def _wake_timer(self, ev: Call | EngineSim) -> None:
-        """Timer callback: the engine's earliest decode may have ended; end those turns."""
-        self.events_processed += 1
-        self.now = now = self.env.now
-        if ev.__class__ is Call:
-            eng, at = ev.a, ev.b
-        else:
-            eng, at = ev, ev.timer_at
-        if not eng.closed:
-            if at == eng.wake_at:
-                eng.wake_at = _INF
-            for t in eng.pop_due(now):
-                self._turn_done(t, eng)
-            if not eng.closed:
-                eng.rearm(now)
-                if not (eng.members and eng.gstate is _GENERATE and eng.sync_end <= now):
-                    self._engine_touch(eng)
-        if self._events:
-            self._pump()
-
-    def _turn_done(self, t: SimTraj, eng: EngineSim) -> None:
-        ts = t.ts
-        i = ts.turns_done
-        p, o = t.prompts[i], t.outputs[i]
-        t.generated += o - t.turn_progress
-        t.ctx += p + o
-        t.prompt_kept += p
-        t.output_kept += o
-        t.mid_turn = False
-        t.turn_progress = 0
-        ts.turns_done = i + 1
-        ts.tokens = t.ctx
-        v0 = t.turn_version
-        if ts.min_version < 0 or v0 < ts.min_version:
-            ts.min_version = v0
-        if eng.version > ts.max_version:
-            ts.max_version = eng.version
-        es = eng.es
-        if i + 1 == t.n_turns and not t.env_s[i] > 0.0:
-            self._done_on(t, eng)
-            return
-        # tool time (after the last turn too: a final call, e.g. the tests a submission
-        # runs, is part of the trajectory), in a sandbox slot if one is free
-        t.in_env = True
-        t.env_token = token = t.env_token + 1
-        if self.sandbox_free > 0:
-            self.sandbox_free -= 1
-            t.sandbox = True
-            delay = t.env_s[i]
-            if self.fault.hangs:
-                delay = self._hang(t, delay)
-            if t.callbacks is None:  # (_env_later, inline)
-                t.callbacks = self._env_callbacks
-                t.timer_token = token
-                ev: object = t
-            else:
-                ev = Call(self._env_callbacks, None, t, token)
-            heappush(self._queue, (self.now + (delay if delay > 0.0 else 0.0), NORMAL,
-                                   next(self._eid), ev))
-        else:
-            t.waiting_sandbox = True
-            self.sandbox_queue.append(t)
-            if self.rec is not None:
-                self.rec.event(self.now, "SandboxQueued", trajectory=t.tid)
-        if es.draining:
-            self._move_out(t, eng)  # finish_turn drain: leave between turns
-        else:
-            eng.env_lru[t] = None
+    # ------------------------------------------------ the per-turn timers
+    # (the two timers every turn fires, and the end of a turn, are in .turns)
 
     def _done_on(self, t: SimTraj, eng: EngineSim) -> None:
         """Every turn (and the last tool call) of ``t`` is done: it leaves engine ``eng``."""
@@ -223,67 +149,6 @@ class Lifecycle(DriverCore):
         else:
             ev = Call(self._env_callbacks, None, t, token)
         heappush(self._queue, (self.now + (delay if delay > 0.0 else 0.0), NORMAL, next(self._eid), ev))
-
-    def _env_timer(self, ev: Call | SimTraj) -> None:
-        """Timer callback: a tool call returned; start the next turn (or queue for KV)."""
-        self.events_processed += 1
-        self.now = now = self.env.now
-        if ev.__class__ is Call:
-            t, token = ev.a, ev.b
-        else:
-            t, token = ev, ev.timer_token
-        if token != t.env_token:  # cancelled (interrupted or moved meanwhile)
-            if self._events:
-                self._pump()
-            return
-        if t.hung:
-            self._tool_cut(t)
-        if t.waiting_sandbox or self.sandbox_queue:
-            self._release_sandbox(t)
-        elif t.sandbox:  # (_release_sandbox's common case, inline)
-            t.sandbox = False
-            self.sandbox_free += 1
-        t.in_env = False
-        ts = t.ts
-        if ts.status is _QUEUED:
-            self._rejoin_after_tool(t)
-        elif ts.status is _RUNNING:  # (else interrupted meanwhile: it waits for a Dispatch)
-            eng = self.engines[ts.engine]
-            i = ts.turns_done
-            if i == t.n_turns:  # its last tool call returned
-                self._done_on(t, eng)
-                if self._events:
-                    self._pump()
-                return
-            eng.env_lru.pop(t, None)
-            need = t.ctx + t.prompts[i] + t.outputs[i]
-            if need > eng.kv_capacity:
-                eng.es.running.discard(t.tid)
-                eng.release(t)
-                self._finish(t, _TIMED_OUT, eng.id, note="context exceeds KV capacity")
-                self._admit(eng)
-            elif not eng.reserve(t, need):
-                self._wait_for_kv(t, eng)
-            else:
-                if eng.evicted:
-                    self._drain_evictions(eng)
-                if t.kv_cached:  # (_start_turn's common case, inline: prefix cache hit)
-                    p = t.prompts[i]
-                    if t.mid_turn:
-                        new, cached = 0, t.ctx + p
-                    else:
-                        new, cached = p, t.ctx
-                    t.moved_at = -1.0
-                    t.mid_turn = True
-                    t.turn_version = eng.version
-                    eng.join(now, t, cached, new, t.outputs[i] - t.turn_progress)
-                    if eng.gstate is not _GENERATE or eng.sync_end > now:
-                        self._engine_touch(eng)
-                    eng.rearm(now)
-                elif not self._start_turn(t, eng):  # (a join already updated the GPU state)
-                    self._engine_touch(eng)
-        if self._events:
-            self._pump()
 
     def _rejoin_after_tool(self, t: SimTraj) -> None:
         """Moved off its engine during tool time: join the queue of its new engine (or of

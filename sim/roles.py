@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import heapq
 
-from rlsched.cluster.events import EngineIdle, RolesChanged
+from rlsched.cluster.events import RolesChanged
 from rlsched.cluster.ids import Drain, GpuState, Role
 from rlsched.cluster.record import ids_text
 from rlsched.cluster.state import EngineState
 
 from .core import DriverCore, SimTraj
 from .engine import EngineSim
-
-_SYNC = GpuState.SYNC
-_GENERATE = GpuState.GENERATE
-_TOOL_WAIT = GpuState.TOOL_WAIT
-_ROLLOUT_IDLE = GpuState.ROLLOUT_IDLE
+from .turns import engine_touch
 
 
 class Roles(DriverCore):
@@ -132,8 +128,13 @@ class Roles(DriverCore):
             st.roles[g] = role
             del switch_gid[g]
         if role is Role.ROLLOUT:
+            groups = self._switch_groups
             for e in sorted({st.engine_of(g) for g in gpus}):
-                if all(st.roles[x] is Role.ROLLOUT or st.roles[x] is Role.SWITCHING
+                # (a partner still switching must be switching to rollout: one that failed
+                # during the switch and recovered may since have been sent to train)
+                if all(st.roles[x] is Role.ROLLOUT
+                       or (st.roles[x] is Role.SWITCHING
+                           and groups.get(switch_gid.get(x, -1), (0, (), None))[2] is Role.ROLLOUT)
                        for x in st.engine_gpus(e)):
                     self._open_engine(e)
                 else:  # a GPU of the engine failed during the switch: no engine, these idle
@@ -187,28 +188,4 @@ class Roles(DriverCore):
     # ---------------------------------------------------------- GPU state
     def _engine_touch(self, eng: EngineSim) -> None:
         """Recompute the engine's GPU state after a change; report an idle engine."""
-        if eng.closed:
-            return
-        es = eng.es
-        now = self.now
-        if eng.sync_end > now:
-            state = _SYNC
-        elif eng.members or eng.stall_end > now:
-            state = _GENERATE
-        elif es.running:
-            state = _TOOL_WAIT
-        else:
-            state = _ROLLOUT_IDLE
-        prev = eng.gstate
-        if state is not prev:
-            if eng.owns:
-                self.gpus.close_range(eng.first_gpu, eng.tp, prev, eng.gsince, now)
-            else:  # first write (its GPUs may still differ): the general path, then own them
-                self.gpus.set(range(eng.first_gpu, eng.first_gpu + eng.tp), state, now)
-                self.gpus.claim(eng)
-            eng.gstate = state
-            eng.gsince = now
-        if es.draining:
-            self._maybe_close_engine(eng)
-        elif state is _ROLLOUT_IDLE and prev is not _ROLLOUT_IDLE and not es.queue:
-            self._emit(EngineIdle(eng.id))
+        engine_touch(self, eng)

@@ -79,6 +79,7 @@ def simulate(
     bound = lower_bound(
         workload, batches, cost, config, policy.max_staleness, policy.defers,
         turns_kept=kept, train_flops=best_flops,
+        cut={t for t, ts in result.state.trajs.items() if ts.finish_status is not TrajStatus.DONE},
     )
     if config.check and result.complete:
         check_result(result, driver)

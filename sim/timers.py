@@ -37,7 +37,7 @@ class Call:
 def queue_of(env: simpy.Environment) -> tuple[list, Iterator[int]]:
     """The environment's event heap and insertion-id counter (what ``schedule`` uses)."""
     queue, eid = getattr(env, "_queue", None), getattr(env, "_eid", None)
-    if not isinstance(queue, list) or eid is None:
-        raise RuntimeError(f"simpy {simpy.__version__}: Environment has no _queue/_eid; "
+    if not isinstance(queue, list) or eid is None or not isinstance(getattr(env, "_now", None), float | int):
+        raise RuntimeError(f"simpy {simpy.__version__}: Environment has no _queue/_eid/_now; "
                            "rlsched's timers need SimPy 4")
     return queue, eid

@@ -292,3 +292,39 @@ def test_gpu_failure_during_the_last_tool_call(spec, a_done):
     assert a.status.value == "trained" and a.turns_done == 2 and a.dispatches == 2
     assert a.finish_time == pytest.approx(a_done, abs=1e-6)
     assert res.trajs["A"].wasted == 0  # its turns were all done: nothing thrown away
+
+
+
+def _failure_storm(t2_outputs: tuple[int, int], t4_output: int):
+    """The small trace and fault schedule hypothesis shrank two bugs to: three GPU
+    failures at t=0, one every 10 s after, 0.5 s to recover; T2 has four turns behind 17 s
+    tool calls, everything else is instant."""
+    rows = [("task0", "T0", k, 0, 0, 0.0) for k in range(3)]
+    rows += [("task1", "T1", k, 0, 0, 0.0) for k in range(3)]
+    rows += [("task2", "T2", 0, 0, 0, 17.0), ("task2", "T2", 1, 0, 0, 17.0),
+             ("task2", "T2", 2, 0, t2_outputs[0], 17.0), ("task2", "T2", 3, 0, t2_outputs[1], 17.0),
+             ("task0", "T3", 0, 0, 0, 0.0), ("task1", "T4", 0, 0, t4_output, 0.0)]
+    sched = FaultSchedule((Fault("gpu", at=0.0), Fault("gpu", at=0.0), Fault("gpu", at=0.0),
+                           Fault("gpu", per_hour=360.0)),
+                          seed=99, recover_s=0.5, restart_s=0.0, tool_timeout_s=1.0, sync_retry_s=0.0)
+    return trace(rows), sched
+
+
+def test_colocated_trains_when_its_rollout_ends_during_a_failures_reassign():
+    """Found by test_faults_properties: the step's last trajectory finished its last tool
+    call while every GPU was failed or switching to rollout, so the switch to training found
+    no GPU; the GPUs that then arrived in rollout waited there forever (a stall)."""
+    df, sched = _failure_storm((9, 27), 1)
+    out = run(df, [["T0", "T3"], ["T1", "T4"], ["T2"]], "colocated", gpus=4, tp=1,
+              sandbox_slots=1, check=True, faults=sched)
+    assert out.result.complete and out.result.state.version == 3
+
+
+def test_an_engine_opens_only_if_its_partner_switches_to_rollout_too():
+    """Found by test_faults_properties (tp=2): GPU 0 failed while it switched to rollout
+    with GPU 1, recovered, and was sent to train; when GPU 1's switch ended the driver
+    opened engine 0 with GPU 0 switching to train (a GPU in two roles)."""
+    df, sched = _failure_storm((21, 24), 0)
+    out = run(df, [["T0", "T2", "T4"], ["T1", "T3"]], "colocated", gpus=4, tp=2,
+              sandbox_slots=1, check=True, faults=sched)
+    assert out.result.complete and out.result.state.version == 2

@@ -115,3 +115,15 @@ def test_the_last_turns_tool_call_is_part_of_the_trajectory(tmp_path, spec):
         assert out.result.makespan == pytest.approx(9.0, **APPROX)
         iv = rec.intervals.assign(gs=lambda d: (d.end - d.start) * d.gpu_count)
         assert iv.groupby("state").gs.sum()["tool_wait"] == pytest.approx(2.0 + 3.0, **APPROX)
+
+
+def test_bound_leaves_out_the_last_tool_call_of_a_trajectory_cut_in_it():
+    """Found by test_sim_properties: partial rollout trained T0 while it waited on the tool
+    call after its only turn (turns kept = all of them), and the bound still charged that
+    call: 4 s, above the run's 2 s."""
+    df = trace([("task0", "T0", 0, 0, 0, 3.0), ("task1", "T1", 0, 0, 0, 0.0),
+                ("task2", "T2", 0, 0, 0, 0.0), ("task0", "T3", 0, 0, 0, 0.0)])
+    out = run(df, [["T0", "T1", "T2", "T3"]], "partial:finish_fraction=0.5,mode=train",
+              gpus=2, tp=1, sandbox_slots=1)
+    assert out.result.complete
+    assert out.result.makespan >= out.lower_bound_seconds - 1e-9

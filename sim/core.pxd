@@ -1,0 +1,17 @@
+# Typed fields of rlsched.sim.core.DriverCore when the package is built with Cython (see
+# core.py): the ones the per-turn code in turns.py reads and writes. The driver's other
+# attributes live in the instance __dict__ (declared so that Cython keeps one).
+cimport cython
+
+
+cdef class DriverCore:
+    cdef dict __dict__
+    cdef public double now
+    cdef public long long events_processed, sandbox_free
+    cdef public object env, fault, rec, gpus, _eid, _events, sandbox_queue
+    cdef public object _env_callbacks, _wake_callbacks
+    cdef public list _queue
+    cdef public dict engines
+
+    @cython.locals(queue=list, callbacks=object)
+    cpdef _run_until(self, object until)

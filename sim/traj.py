@@ -1,0 +1,70 @@
+"""Simulator-side state of one trajectory.
+
+A plain class with ``__slots__`` so that the same source runs as Python and, when the
+package is built with Cython, as an extension type whose fields are C members
+(``traj.pxd``): the per-turn code in :mod:`.turns` then reads and writes them without
+attribute lookups. Keep the field list here and in ``traj.pxd`` in step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SimTraj:
+    """Simulator-side state of one trajectory (its turn data only while in flight).
+
+    Identity-hashed: engines key their batch and KV tables by these objects, so the hot
+    path never looks a trajectory up by id. It is also the SimPy event of its own
+    tool-call timer (``callbacks``/``_ok``, like :class:`~rlsched.sim.timers.Call`)
+    whenever no such timer of it is pending, which saves allocating one object per
+    simulated turn.
+    """
+
+    _ok = True  # (SimPy event protocol)
+
+    __slots__ = (
+        "callbacks", "charged", "ctx", "env_s", "env_token", "fault_hits", "generated", "hung",
+        "in_env", "join_token", "kv_cached", "mid_turn", "moved_at", "n_turns", "output_kept",
+        "outputs", "prompt_kept", "prompts", "sandbox", "tid", "timer_token", "truncated", "ts",
+        "turn_progress", "turn_version", "waiting_sandbox", "wasted", "widx",
+    )
+
+    def __init__(self, tid: str, widx: int, n_turns: int, truncated: bool, ts: Any = None) -> None:
+        self.tid = tid
+        self.widx = widx  # index in the workload
+        self.n_turns = n_turns
+        self.truncated = truncated
+        self.ts = ts  # its ClusterState.TrajState (status, engine, turns_done)
+        self.prompts: list[int] | None = None  # per-turn data while in flight
+        self.outputs: list[int] | None = None
+        self.env_s: list[float] | None = None
+        self.ctx = 0  # tokens of finished, kept turns
+        self.charged = -1  # tokens the trainer was charged for (-1: its whole context)
+        self.prompt_kept = 0
+        self.output_kept = 0
+        self.generated = 0  # every output token ever produced (kept + wasted)
+        self.wasted = 0
+        self.mid_turn = False  # current turn's prompt is in the context
+        self.turn_progress = 0  # tokens of the current turn produced and kept
+        self.turn_version = -1
+        self.kv_cached = False
+        self.moved_at = -1.0  # KV can be pulled from the engine it left at this time
+        self.env_token = 0  # bumps cancel a pending tool-call completion
+        self.join_token = 0  # bumps cancel a pending join after a KV transfer
+        self.in_env = False
+        self.sandbox = False
+        self.waiting_sandbox = False
+        self.callbacks: tuple | None = None  # set while it is pending as its own timer event
+        self.timer_token = 0  # env_token of that pending timer
+        self.hung = 0.0  # its pending tool call hung and is cut after this many seconds
+        self.fault_hits = 0  # times a fault stopped it (each time it was dispatched again)
+
+    @property
+    def turns_done_kept(self) -> int:
+        """Finished, kept turns (its ``TrajState.turns_done``)."""
+        return self.ts.turns_done
+
+    def __repr__(self) -> str:
+        return (f"SimTraj({self.tid!r}, turns {self.ts.turns_done if self.ts else '?'}/"
+                f"{self.n_turns}, ctx={self.ctx}, in_env={self.in_env})")
