@@ -1,10 +1,10 @@
 """Build hook: compile the simulator's inner loop with Cython when possible.
 
-``sim/engine.py``, ``sim/traj.py``, ``sim/core.py`` and ``sim/turns.py`` are plain Python; their ``.pxd``
-files give Cython the C types. Built, they run ~2x faster (bench/bench_scale.py); not
-built -- no Cython, no C compiler, or ``RLSCHED_PURE_PYTHON=1`` at install -- the package
-installs and runs as pure Python with the same results (tests/test_compiled.py compares
-the two). Everything else is in pyproject.toml.
+``sim/engine.py``, ``sim/traj.py``, ``sim/core.py`` and ``sim/turns.py`` are plain Python;
+their ``.pxd`` files give Cython the C types. Built, a replay runs 1.8-2.7x faster (README,
+"Simulator speed"); not built -- no Cython, no C compiler, or ``RLSCHED_PURE_PYTHON=1`` at
+install -- the package installs and runs as pure Python with the same results
+(tests/test_compiled.py compares the two). Everything else is in pyproject.toml.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class OptionalBuildExt(build_ext):
     @staticmethod
     def _skip(exc: Exception, name: str = "the simulator's inner loop") -> None:
         print(f"rlsched: could not compile {name} ({exc}); it runs as pure Python "
-              "(same results, ~2x slower)", file=sys.stderr)
+              "(same results, about twice as slow)", file=sys.stderr)
 
 
 def extensions() -> list[Extension]:

@@ -58,13 +58,11 @@ class Colocated:
         match event:
             case RunStarted():
                 return [Reassign(usable(view, Role.ROLLOUT), Role.ROLLOUT)]
-            case RolesChanged(role=Role.ROLLOUT) if self._phase is Role.TRAIN and self._trained < self._step:
-                # The step's rollout ended while a failure's reassign was moving GPUs to
-                # rollout (every GPU switching or failed, so the switch to training found
-                # none): once nothing is switching, the GPUs that arrived go on to train.
-                return [] if view.gpus_in(Role.SWITCHING) else self._to(Role.TRAIN, view)
-            case RolesChanged(role=Role.ROLLOUT) if not view.engines() and not view.gpus_in(Role.SWITCHING):
-                return self._to(Role.ROLLOUT, view) if self._phase is Role.ROLLOUT else []  # failures
+            case WorkerRecovered() | RolesChanged(role=Role.ROLLOUT) if phase_is_stuck(view, self._phase, self._step):
+                # failures left the phase without a GPU and nothing is switching (also when
+                # the step's rollout ended while a failure's reassign had every GPU failed
+                # or switching, so the move to training found none): move there now
+                return self._to(self._phase, view)
             case RolesChanged(role=Role.ROLLOUT):
                 cmds: list[Command] = []
                 if self._phase is Role.ROLLOUT and self._dispatched < self._step and view.engines():
@@ -88,8 +86,6 @@ class Colocated:
                 if v < view.num_steps:
                     self._phase = Role.ROLLOUT
                     return self._to(Role.ROLLOUT, view)
-            case WorkerRecovered() if phase_is_stuck(view, self._phase, self._step):
-                return self._to(self._phase, view)
         return []
 
     def _to(self, role: Role, view: ClusterView) -> list[Command]:

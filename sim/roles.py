@@ -128,13 +128,10 @@ class Roles(DriverCore):
             st.roles[g] = role
             del switch_gid[g]
         if role is Role.ROLLOUT:
-            groups = self._switch_groups
             for e in sorted({st.engine_of(g) for g in gpus}):
                 # (a partner still switching must be switching to rollout: one that failed
                 # during the switch and recovered may since have been sent to train)
-                if all(st.roles[x] is Role.ROLLOUT
-                       or (st.roles[x] is Role.SWITCHING
-                           and groups.get(switch_gid.get(x, -1), (0, (), None))[2] is Role.ROLLOUT)
+                if all(st.roles[x] is Role.ROLLOUT or self._switching_to(x) is Role.ROLLOUT
                        for x in st.engine_gpus(e)):
                     self._open_engine(e)
                 else:  # a GPU of the engine failed during the switch: no engine, these idle
@@ -154,6 +151,11 @@ class Roles(DriverCore):
             self._emit(RolesChanged(tuple(grp[1]), grp[2]))
         if role is Role.TRAIN:
             self._trainer_next()
+
+    def _switching_to(self, g: int) -> Role | None:
+        """The role GPU ``g`` is switching to (None: it is not switching)."""
+        grp = self._switch_groups.get(self._switch_gid.get(g, -1))
+        return None if grp is None else grp[2]
 
     def _orphaned(self, gpus: tuple[int, ...], gid: int) -> None:
         """GPUs that switched to ROLLOUT but cannot form their engine go IDLE; their group

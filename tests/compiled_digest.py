@@ -41,9 +41,9 @@ def main() -> None:
             record = {name: pd.read_parquet(Path(d) / f"{name}.parquet").to_json(double_precision=15)
                       for name in ("intervals", "events")}
         r = res.result
-        evicted = sum(1 for e in r.state.trajs.values() if e.migrations)  # (moved by elastic)
+        migrated = sum(1 for ts in r.state.trajs.values() if ts.migrations)
         out["runs"][f"{spec} faults={fs is not None} kv={cost.gpu_mem_util}"] = {
-                "record": record, "makespan": r.makespan.hex(), "events": r.events_processed, "migrated": evicted,
+                "record": record, "makespan": r.makespan.hex(), "events": r.events_processed, "migrated": migrated,
             "gpu_seconds": {k: v.hex() for k, v in sorted(r.gpu_seconds.items())},
             "faults": {k: float(v).hex() for k, v in sorted(r.faults.items())},
             "trajs": [(tid, ts.status.name, ts.turns_done, ts.tokens, float(ts.finish_time).hex(),
