@@ -35,11 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import RecordError
+from .ids import GpuState
 
 FORMAT = "rlsched-run"
 FORMAT_VERSION = 1
@@ -66,6 +68,10 @@ INTERVAL_SCHEMA = pa.schema(
         ("step", pa.int32()),
     ]
 )
+# the interval buffers hold a state as its index here (see RunRecorder.interval_buffers)
+GPU_STATE_NAMES: tuple[str, ...] = tuple(s.value for s in GpuState)
+GPU_STATE_CODE: dict[str, int] = {name: i for i, name in enumerate(GPU_STATE_NAMES)}
+_STATE_NAMES = pa.array(GPU_STATE_NAMES, type=pa.string())
 TRAJECTORY_COLUMNS = {
     "trajectory": "str: id, unique in the run",
     "task_id": "str",
@@ -98,14 +104,24 @@ STEP_COLUMNS = {
 
 class RunRecorder:
     """Collects events and intervals in columns and flushes them in row groups, so a
-    seed-scale run never holds millions of Python tuples."""
+    seed-scale run never holds millions of Python tuples.
+
+    Intervals go into fixed-size typed arrays (one row group's worth), not Python lists:
+    a seed-scale simulation writes ~8 million of them, and turning lists of boxed floats
+    into Arrow columns cost ~10% of the whole run; from the arrays a row group is a copy."""
 
     def __init__(self, directory: Path, flush_rows: int = 200_000) -> None:
+        if flush_rows < 1:
+            raise ValueError(f"flush_rows={flush_rows}: expected at least 1")
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._flush_rows = flush_rows
         self._ev: dict[str, list[Any]] = {f.name: [] for f in EVENT_SCHEMA}
-        self._iv: dict[str, list[Any]] = {f.name: [] for f in INTERVAL_SCHEMA}
+        self._iv: dict[str, np.ndarray] = {
+            f.name: np.empty(flush_rows, dtype=np.int8 if f.name == "state" else f.type.to_pandas_dtype())
+            for f in INTERVAL_SCHEMA
+        }
+        self._iv_n = np.zeros(1, dtype=np.int64)  # rows pending in self._iv
         self._ev_writer = pq.ParquetWriter(self.dir / "events.parquet", EVENT_SCHEMA)
         # (only the state column repeats: dictionary-encoding the numbers too made each
         # row group ~4x slower to write)
@@ -135,23 +151,29 @@ class RunRecorder:
     ) -> None:
         if end <= start:
             return
-        iv = self._iv
-        iv["gpu_first"].append(gpu_first)
-        iv["gpu_count"].append(gpu_count)
-        iv["start"].append(start)
-        iv["end"].append(end)
-        iv["state"].append(state)
-        iv["step"].append(step)
-        if len(iv["start"]) >= self._flush_rows:
+        try:
+            code = GPU_STATE_CODE[state]
+        except KeyError:
+            raise ValueError(f"interval state {state!r}: expected one of {', '.join(GPU_STATE_NAMES)}") from None
+        iv, i = self._iv, int(self._iv_n[0])
+        iv["gpu_first"][i] = gpu_first
+        iv["gpu_count"][i] = gpu_count
+        iv["start"][i] = start
+        iv["end"][i] = end
+        iv["state"][i] = code
+        iv["step"][i] = step
+        self._iv_n[0] = i + 1
+        if i + 1 >= self._flush_rows:
             self._flush_intervals()
 
-    def pending_intervals(self) -> tuple[list[Any], ...]:
-        """The columns :meth:`interval` appends to, in ``INTERVAL_SCHEMA`` order. The
-        simulator's per-turn code appends rows (``end > start``) to them directly and calls
-        :meth:`flush_full` once they hold :attr:`flush_rows` rows: a Python call per GPU
-        state change cost ~20% of a seed-scale run. (A flush clears these lists in place:
-        they stay valid for the recorder's lifetime.)"""
-        return tuple(self._iv[name] for name in INTERVAL_SCHEMA.names)
+    def interval_buffers(self) -> tuple[np.ndarray, ...]:
+        """The arrays :meth:`interval` writes rows into, in ``INTERVAL_SCHEMA`` order (the
+        state as its index in :data:`GPU_STATE_NAMES`), then the one-element count of
+        pending rows. The simulator's per-turn code writes row ``n[0]`` itself, bumps
+        ``n[0]`` and calls :meth:`flush_full` when it reaches :attr:`flush_rows` (a Python
+        call per GPU state change cost ~20% of a seed-scale run). A flush resets the count,
+        not the arrays: they stay valid for the recorder's lifetime."""
+        return (*(self._iv[name] for name in INTERVAL_SCHEMA.names), self._iv_n)
 
     @property
     def flush_rows(self) -> int:
@@ -159,7 +181,7 @@ class RunRecorder:
 
     def flush_full(self) -> None:
         """Write the pending intervals if there are :attr:`flush_rows` of them."""
-        if len(self._iv["start"]) >= self._flush_rows:
+        if self._iv_n[0] >= self._flush_rows:
             self._flush_intervals()
 
     def _flush_events(self) -> None:
@@ -170,11 +192,17 @@ class RunRecorder:
                 v.clear()
 
     def _flush_intervals(self) -> None:
-        if self._iv["start"]:
-            self._iv_writer.write_table(pa.table(self._iv, schema=INTERVAL_SCHEMA))
-            self.interval_rows += len(self._iv["start"])
-            for v in self._iv.values():
-                v.clear()
+        n = int(self._iv_n[0])
+        if not n:
+            return
+        iv = self._iv
+        cols = [
+            _STATE_NAMES.take(pa.array(iv[name][:n])) if name == "state" else pa.array(iv[name][:n])
+            for name in INTERVAL_SCHEMA.names
+        ]
+        self._iv_writer.write_table(pa.Table.from_arrays(cols, schema=INTERVAL_SCHEMA))
+        self.interval_rows += n
+        self._iv_n[0] = 0
 
     def close(
         self, trajectories: pd.DataFrame, steps: pd.DataFrame, meta: dict[str, Any]

@@ -12,6 +12,13 @@ cdef class DriverCore:
     cdef public object _env_callbacks, _wake_callbacks
     cdef public list _queue
     cdef public dict engines
+    # RunRecorder.interval_buffers (valid when iv_on)
+    cdef public bint iv_on
+    cdef public Py_ssize_t iv_cap
+    cdef public int[::1] iv_first, iv_count, iv_step
+    cdef public double[::1] iv_start, iv_end
+    cdef public signed char[::1] iv_state
+    cdef public long long[::1] iv_n
 
     @cython.locals(queue=list, callbacks=object)
     cpdef _run_until(self, object until)

@@ -111,6 +111,12 @@ class DriverCore:
         self.kv_capacity = cost.kv_capacity_tokens(config.tp)
         self.trainer = TrainerSim()
         self.gpus = GpuStates(config.gpus, recorder)
+        # the recorder's interval arrays, written per turn by turns.engine_touch
+        self.iv_on = recorder is not None
+        if recorder is not None:
+            (self.iv_first, self.iv_count, self.iv_start, self.iv_end, self.iv_state,
+             self.iv_step, self.iv_n) = recorder.interval_buffers()
+            self.iv_cap = recorder.flush_rows
         self.sandbox_free = config.sandbox_slots
         self.sandbox_queue: deque[SimTraj] = deque()
         self._events: deque[Event] = deque()

@@ -17,9 +17,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from rlsched.cluster.ids import GpuState
-from rlsched.cluster.record import RunRecorder
+from rlsched.cluster.record import GPU_STATE_CODE, RunRecorder
 
 VALUE = {s: s.value for s in GpuState}  # enum .value is a descriptor call; look it up once
+CODE = {s: GPU_STATE_CODE[s.value] for s in GpuState}  # a state in the recorder's buffers
 
 
 class GpuStates:
@@ -29,9 +30,6 @@ class GpuStates:
         self.step: list[int] = [-1] * num_gpus
         self.owner: list[Any] = [None] * num_gpus  # engine that holds the GPU's state
         self.rec = recorder
-        # where engines append their intervals (turns.engine_touch; see RunRecorder)
-        self.iv_cols = recorder.pending_intervals() if recorder is not None else None
-        self.iv_flush = recorder.flush_rows if recorder is not None else 0
         self.busy_seconds: dict[str, float] = {}
 
     # --------------------------------------------------------- ownership

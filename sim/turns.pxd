@@ -18,6 +18,5 @@ cpdef turn_done(DriverCore d, SimTraj t, EngineSim eng)
                cached=cython.longlong)
 cpdef env_timer(DriverCore d, object ev)
 
-@cython.locals(now=double, since=double, first=list, count=list, start=list, end=list,
-               st=list, step=list)
+@cython.locals(now=double, since=double, i=Py_ssize_t)
 cpdef engine_touch(DriverCore d, EngineSim eng)

@@ -27,7 +27,7 @@ from rlsched.cluster.events import EngineIdle
 from rlsched.cluster.ids import GpuState, TrajStatus
 
 from .engine import EngineSim
-from .gpus import VALUE
+from .gpus import CODE, VALUE
 from .timers import NORMAL, Call
 from .traj import SimTraj
 
@@ -206,17 +206,17 @@ def engine_touch(d: Any, eng: EngineSim) -> None:
                 v = VALUE[prev]
                 busy = gpus.busy_seconds
                 busy[v] = busy.get(v, 0.0) + (now - since) * eng.tp
-                cols = gpus.iv_cols
-                if cols is not None:  # (RunRecorder.interval, inline)
-                    first, count, start, end, st, step = cols
-                    first.append(eng.first_gpu)
-                    count.append(eng.tp)
-                    start.append(since)
-                    end.append(now)
-                    st.append(v)
-                    step.append(-1)
-                    if len(end) >= gpus.iv_flush:
-                        gpus.rec.flush_full()
+                if d.iv_on:  # (RunRecorder.interval, inline: see interval_buffers)
+                    i = d.iv_n[0]
+                    d.iv_first[i] = eng.first_gpu
+                    d.iv_count[i] = eng.tp
+                    d.iv_start[i] = since
+                    d.iv_end[i] = now
+                    d.iv_state[i] = CODE[prev]
+                    d.iv_step[i] = -1
+                    d.iv_n[0] = i + 1
+                    if i + 1 >= d.iv_cap:
+                        d.rec.flush_full()
         else:  # first write (its GPUs may still differ): the general path, then own them
             d.gpus.set(range(eng.first_gpu, eng.first_gpu + eng.tp), state, now)
             d.gpus.claim(eng)

@@ -4,6 +4,8 @@ import json
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest_analysis import HAND_INTERVALS, HAND_TRAJS, write_run
 
@@ -236,7 +238,11 @@ def test_bad_records_are_one_line_errors(tmp_path, mutate, needle):
 
 
 def test_unknown_state_and_out_of_range_gpus(tmp_path):
-    d = write_run(tmp_path / "s", intervals=[(0, 2, 0.0, 10.0, "napping", -1)])
+    # (RunRecorder refuses such a state: the record stands for one another tool wrote)
+    d = write_run(tmp_path / "s", intervals=[(0, 2, 0.0, 10.0, "idle", -1)])
+    pq.write_table(pa.table({"gpu_first": pa.array([0], pa.int32()), "gpu_count": pa.array([2], pa.int32()),
+                             "start": [0.0], "end": [10.0], "state": ["napping"],
+                             "step": pa.array([-1], pa.int32())}), d / "intervals.parquet")
     with pytest.raises(RecordError, match=r"row 0: state='napping'"):
         load_run(d)
     d = write_run(tmp_path / "g", intervals=[(1, 2, 0.0, 10.0, "idle", -1)])
