@@ -263,21 +263,24 @@ class Elastic:
                 return []
         elif view.unfinished(s) > 0:
             return []  # with overlap, engines are busy with the next batch until s is whole
-        engines = [view.engine(e) for e in view.engines()]
+        # (how many engines to keep needs only sums; an EngineInfo per engine is built only
+        # when some are released, to choose them)
+        ids = view.engines()
         kv = totals.kv_used
-        cap = engines[0].kv_capacity
+        cap = view.engine(ids[0]).kv_capacity
         by_load = math.ceil(live / (self.pack * self._per_engine))
-        by_kv = math.ceil(kv / (self.kv_limit * cap)) if cap else len(engines)
+        by_kv = math.ceil(kv / (self.kv_limit * cap)) if cap else len(ids)
         keep = max(floor, by_load, by_kv)
         if self.staleness and not view.trainer().gpus:
             total = view.num_gpus // view.tp
             keep = min(keep, total - max(1, round(total * self.train_share)))
             keep = max(floor, keep)
         if stuck:
-            keep = min(keep, len(engines) - 1)
-        release = len(engines) - keep
+            keep = min(keep, len(ids) - 1)
+        release = len(ids) - keep
         if release <= 0:
             return []
+        engines = [view.engine(e) for e in ids]
         victims = sorted(engines, key=lambda e: (e.load, -e.id))[:release]
         gpus = tuple(g for e in sorted(victims, key=lambda e: e.id) for g in e.gpus)
         self._switching += 1

@@ -71,7 +71,7 @@ class Roles:
     def _drain_engine(self, e: int, gid: int, role: Role, drain: Drain) -> None:
         h = self.h
         es = h.st.engines_[e]
-        es.draining = True
+        es.drain()
         self._engine_switch[e] = (gid, role)
         others = [x for x in h.st.engines_.values() if not x.draining]
         if drain is not Drain.INTERRUPT and not others and (es.running or es.queue):
@@ -92,7 +92,7 @@ class Roles:
             return
         gid, role = self._engine_switch.pop(e)
         eng = h.rollout.engines.pop(e)
-        del h.st.engines_[e]
+        h.st.remove_engine(e)
         import ray
 
         ray.kill(eng.actor)  # frees the engine's slot resources for the next role
@@ -161,7 +161,7 @@ class Roles:
                 h.rec.event(h.now(), "EngineStart", engine=e, version=info["version"],
                             detail=f"{info['start_seconds']:.2f}s pid={info['pid']}")
                 h.rollout.engines[e] = EngineHandle(e, egpus, actor, info["version"], info["kv_capacity"])
-                h.st.engines_[e] = EngineState(e, egpus, info["version"], info["kv_capacity"])
+                h.st.add_engine(EngineState(e, egpus, info["version"], info["kv_capacity"]))
                 self._end_switch(egpus, gid, Role.ROLLOUT, t0)
 
             h.bg(boot, cb=booted)
@@ -191,7 +191,7 @@ class Roles:
         """An engine actor died: its trajectories stop (finished turns kept), its GPUs go IDLE."""
         h = self.h
         eng = h.rollout.engines.pop(e, None)
-        es = h.st.engines_.pop(e, None)
+        es = h.st.remove_engine(e) if e in h.st.engines_ else None
         if eng is None or es is None:
             return
         h.rec.event(h.now(), "Note", engine=e, detail=f"engine failed: {str(exc).splitlines()[0][:120]}")

@@ -77,7 +77,7 @@ class Rollout:
         if st.trajs[tid].status is TrajStatus.INTERRUPTED:
             st.mark_resumable(tid)
         st.mark_active(tid, TrajStatus.QUEUED, e)
-        st.engines_[e].queue.append(tid)
+        st.engines_[e].enqueue(tid)
         self.admit(e)
 
     def admit(self, e: int) -> None:
@@ -91,9 +91,8 @@ class Rollout:
             need = len(self.h.trajs[tid].context()) + s.max_tokens_per_turn
             if len(es.running) >= s.max_num_seqs or (es.running and es.kv_used + need > es.kv_capacity):
                 break
-            es.queue.popleft()
-            es.running.add(tid)
-            es.kv_used += need
+            es.dequeue(admit=True)
+            es.set_kv(es.kv_used + need)
             st.trajs[tid].status = TrajStatus.RUNNING
             self.start(tid)
         self.touch(e)
@@ -255,7 +254,7 @@ class Rollout:
                     self.h.finish(tid, TrajStatus.INTERRUPTED, e if e is not None else -1, note="no rollout engine left")
                     return
                 e = ts.engine = self.h.st.least_loaded()
-            self.h.st.engines_[e].queue.append(tid)
+            self.h.st.engines_[e].enqueue(tid)
             self.admit(e)
         if ts.engine in self.engines:
             self.touch(ts.engine)
@@ -287,10 +286,7 @@ class Rollout:
                 self.rt[tid].pending_abort = True
                 self.kick(e)
         if es is not None:
-            if tid in es.running:
-                es.running.discard(tid)
-            if tid in es.queue:
-                es.queue.remove(tid)
+            es.discard(tid)
             self.touch(e)
 
     def move_out(self, tid: str, e: int) -> None:
@@ -303,7 +299,7 @@ class Rollout:
         ts.migrations += 1
         ts.engine, ts.status = dest, TrajStatus.QUEUED
         if not self.rt[tid].in_env:  # in tool time it joins the queue when the call returns
-            st.engines_[dest].queue.append(tid)
+            st.engines_[dest].enqueue(tid)
             self.admit(dest)
 
     def interrupt(self, tid: str, keep: bool) -> None:
@@ -340,7 +336,7 @@ class Rollout:
         else:
             state = GpuState.ROLLOUT_IDLE
         s = self.h.settings
-        es.kv_used = sum(len(self.h.trajs[t].context()) + s.max_tokens_per_turn for t in es.running)
+        es.set_kv(sum(len(self.h.trajs[t].context()) + s.max_tokens_per_turn for t in es.running))
         prev, eng.state = eng.state, state
         self.h.timeline.set(es.gpus, state, self.h.now())
         if es.draining:

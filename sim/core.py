@@ -192,9 +192,12 @@ class DriverCore:
             st = self.state
             st.advance(self.now)
             policy, check, record, apply = self.policy, st.check, self._record_command, self._apply
+            check_totals = self.cfg.check
             while self._events:
                 ev = self._events.popleft()
                 self.events_processed += 1
+                if check_totals:  # (--check: the O(1) engine sums policies read are right)
+                    st.check_totals()
                 self._record_event(ev)
                 for cmd in policy.on_event(ev, st):
                     check(cmd)

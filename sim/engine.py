@@ -249,7 +249,7 @@ class EngineSim:
         self.reservations[key] = tokens
         self.kv_reserved += need
         if self.es is not None:
-            self.es.kv_used = self.kv_reserved
+            self.es.set_kv(self.kv_reserved)
         return True
 
     def evict(self, key: Hashable) -> None:
@@ -260,7 +260,7 @@ class EngineSim:
     def release(self, key: Hashable) -> None:
         self.kv_reserved -= self.reservations.pop(key, 0)
         if self.es is not None:
-            self.es.kv_used = self.kv_reserved
+            self.es.set_kv(self.kv_reserved)
 
     @property
     def decoding(self) -> int:

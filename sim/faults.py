@@ -156,7 +156,7 @@ class FaultMixin(DriverCore):
         st = self.state
         es = eng.es
         eng.closed = True  # first: no admission, no drain-then-switch while emptying it
-        es.draining = True
+        es.drain()
         hit = list(es.queue) + sorted(es.running)
         stats = self.fault.stats
         for tid in hit:
@@ -170,7 +170,7 @@ class FaultMixin(DriverCore):
         self.gpus.release(eng)
         eng.wake_at = float("inf")
         del self.engines[eng.id]
-        del st.engines_[eng.id]
+        st.remove_engine(eng.id)
         others = tuple(x for x in es.gpus if x != failed)
         if switch is not None:
             gid, role = switch

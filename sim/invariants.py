@@ -48,6 +48,7 @@ def lost_trajectories(result: SimResult) -> list[str]:
 
 def check_result(result: SimResult, driver: SimDriver) -> None:
     check_roles(driver)
+    driver.state.check_totals()
     lost = lost_trajectories(result)
     if lost:
         raise InvariantViolation(

@@ -46,7 +46,7 @@ class Lifecycle(DriverCore):
         if ts.turns_done == t.n_turns:  # interrupted in its last tool call, which has returned
             self._complete(t, eng.id)
             return
-        eng.es.queue.append(t.tid)
+        eng.es.enqueue(t.tid)
         self._admit(eng)
 
     def _admit(self, eng: EngineSim) -> None:
@@ -59,15 +59,14 @@ class Lifecycle(DriverCore):
             i = t.ts.turns_done
             need = t.ctx + t.prompts[i] + t.outputs[i]
             if need > eng.kv_capacity:
-                queue.popleft()
+                es.dequeue(admit=False)
                 self._finish(t, _TIMED_OUT, eng.id, note="context exceeds KV capacity")
                 continue
             if not eng.reserve(t, need):
                 break
             if eng.evicted:
                 self._drain_evictions(eng)
-            queue.popleft()
-            es.running.add(t.tid)
+            es.dequeue(admit=True)
             t.ts.status = _RUNNING
             self._start_turn(t, eng)
         self._engine_touch(eng)
@@ -130,7 +129,7 @@ class Lifecycle(DriverCore):
 
     def _done_on(self, t: SimTraj, eng: EngineSim) -> None:
         """Every turn (and the last tool call) of ``t`` is done: it leaves engine ``eng``."""
-        eng.es.running.discard(t.tid)
+        eng.es.discard(t.tid)
         eng.env_lru.pop(t, None)
         eng.release(t)
         self._complete(t, eng.id)
@@ -165,7 +164,7 @@ class Lifecycle(DriverCore):
                 return
             e = ts.engine = self.state.least_loaded()
         eng = self.engines[e]
-        eng.es.queue.append(t.tid)
+        eng.es.enqueue(t.tid)
         self._admit(eng)
 
     def _wait_for_kv(self, t: SimTraj, eng: EngineSim) -> None:
@@ -174,8 +173,8 @@ class Lifecycle(DriverCore):
         eng.release(t)
         t.kv_cached = False
         es = eng.es
-        es.running.discard(t.tid)
-        es.queue.appendleft(t.tid)
+        es.discard(t.tid)
+        es.enqueue(t.tid, front=True)
         t.ts.status = _QUEUED
         self._engine_touch(eng)
 
@@ -243,16 +242,14 @@ class Lifecycle(DriverCore):
             t.turn_progress += produced
             t.generated += produced
             eng.rearm(self.now)
-        es.running.discard(t.tid)
-        if t.tid in es.queue:
-            es.queue.remove(t.tid)
+        es.discard(t.tid)
         eng.env_lru.pop(t, None)
         eng.release(t)
 
     def _move_out(self, t: SimTraj, eng: EngineSim) -> None:
         """Migrate ``t`` off engine ``eng`` to the least-loaded other engine (or, if a
         failure left none, stop it with its finished turns kept)."""
-        if all(x.draining for x in self.state.engines_.values()):
+        if not self.state.engines():
             self._interrupt(t, keep=True)
             return
         ts = t.ts
@@ -269,5 +266,5 @@ class Lifecycle(DriverCore):
         ts.status = _QUEUED
         if not t.in_env:  # in tool time it joins the queue when the tool call returns
             d = self.engines[dest]
-            d.es.queue.append(t.tid)
+            d.es.enqueue(t.tid)
             self._admit(d)

@@ -70,7 +70,7 @@ class Roles(DriverCore):
 
     def _drain_engine(self, eng: EngineSim, gid: int, role: Role, drain: Drain) -> None:
         es = eng.es
-        es.draining = True
+        es.drain()
         self._engine_switch[eng.id] = (gid, role)
         others = [x for x in self.state.engines_.values() if not x.draining]
         if drain is not Drain.INTERRUPT and not others and (es.running or es.queue):
@@ -93,7 +93,7 @@ class Roles(DriverCore):
         eng.closed = True
         self.gpus.release(eng)
         eng.wake_at = float("inf")
-        del self.state.engines_[eng.id]
+        self.state.remove_engine(eng.id)
         self._start_switch(es.gpus, gid, role)
 
     def _start_switch(self, gpus: tuple[int, ...], gid: int, role: Role) -> None:
@@ -177,7 +177,7 @@ class Roles(DriverCore):
         gpus = self.state.engine_gpus(e)
         v = self.state.version
         es = EngineState(e, gpus, v, self.kv_capacity)
-        self.state.engines_[e] = es
+        self.state.add_engine(es)
         eng = EngineSim(e, gpus[0], self.cfg.tp, self.cost, self.kv_capacity, version=v, es=es)
         eng.updated = eng.stall_end = self.now
         eng.queue, eng.eid, eng.wake_callbacks = self._queue, self._eid, self._wake_callbacks

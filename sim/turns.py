@@ -152,7 +152,7 @@ def env_timer(d: Any, ev: Any) -> None:
         p = t.prompts[i]
         need = t.ctx + p + t.outputs[i]
         if need > eng.kv_capacity:
-            eng.es.running.discard(t.tid)
+            eng.es.discard(t.tid)
             eng.release(t)
             d._finish(t, _TIMED_OUT, eng.id, note="context exceeds KV capacity")
             d._admit(eng)

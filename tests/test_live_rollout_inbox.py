@@ -117,7 +117,7 @@ def _setup(engines: int = 1) -> tuple[FakeHost, Rollout, list[FakeActor]]:
     ro = Rollout(host)  # type: ignore[arg-type]
     actors = []
     for e in range(engines):
-        st.engines_[e] = EngineState(e, (e,), 0, 100_000)
+        st.add_engine(EngineState(e, (e,), 0, 100_000))
         actors.append(FakeActor())
         ro.engines[e] = EngineHandle(e, (e,), actors[-1], 0, 100_000)
     return host, ro, actors
@@ -151,7 +151,7 @@ def test_an_abort_that_crosses_a_finished_turn_does_not_stall_it() -> None:
     ro.dispatch("t1", 1)
     # engine 0 drains (migrate): t0's request is aborted there (submitted to the running
     # call) and t0 is admitted on engine 1, where its turn waits for the partial output
-    host.st.engines_[0].draining = True
+    host.st.engines_[0].drain()
     ro.move_out("t0", 0)
     assert host.st.trajs["t0"].engine == 1
     assert a0.sent("submit") == [[]] and a0.calls[-1][3] == ["t0#0"]

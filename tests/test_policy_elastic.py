@@ -21,19 +21,21 @@ def _rolling_out(gpus: int, tp: int, n: int, spec: str = "elastic", steps: int =
     for g in cmd.gpus:
         st.roles[g] = Role.ROLLOUT
     for e in range(gpus // tp):
-        st.engines_[e] = EngineState(e, st.engine_gpus(e), 0, 1000)
+        st.add_engine(EngineState(e, st.engine_gpus(e), 0, 1000))
     sent = pol.on_event(RolesChanged(cmd.gpus, Role.ROLLOUT), st)
     assert all(isinstance(d, Dispatch) for d in sent)
     tids = [t for d in sent for t in d.trajectories]
     assert len(tids) == n * min(steps, pol.max_staleness + 1)
     for i, tid in enumerate(tids):
         st.mark_active(tid, TrajStatus.RUNNING, i % (gpus // tp))
-        st.engines_[i % (gpus // tp)].running.add(tid)
+        es = st.engines_[i % (gpus // tp)]
+        es.enqueue(tid)
+        es.dequeue(admit=True)
     return st, pol
 
 
 def _finish(st: ClusterState, tid: str) -> None:
-    st.engines_[st.trajs[tid].engine].running.discard(tid)
+    st.engines_[st.trajs[tid].engine].discard(tid)
     st.mark_finished(tid, TrajStatus.DONE)
 
 
@@ -81,7 +83,7 @@ def test_no_micro_batch_is_queued_for_trainer_gpus_that_are_leaving():
         _finish(st, f"T{i}")
     for e in (6, 7):
         assert not st.engines_[e].running
-        del st.engines_[e]
+        st.remove_engine(e)
         st.roles[e] = Role.TRAIN
     pol._switching = 0
     pol._train_step, pol._in_micro, pol._opt_sent = 0, 8, True  # step 0 trained, optimizer sent
@@ -105,7 +107,8 @@ def test_on_policy_every_gpu_trains_once_the_rollout_is_over():
         if isinstance(c, Reassign):
             for g in c.gpus:
                 st.roles[g] = Role.TRAIN
-                st.engines_.pop(st.engine_of(g), None)
+                if st.engine_of(g) in st.engines_:
+                    st.remove_engine(st.engine_of(g))
             pol.on_event(RolesChanged(c.gpus, Role.TRAIN), st)
     assert len(st.engines()) == 2  # the tail keeps min_engines
     _finish(st, "T7")

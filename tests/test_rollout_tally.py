@@ -1,0 +1,75 @@
+"""ClusterState's O(1) rollout sums (RolloutTally) agree with a scan of the engines."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlsched.cluster.errors import InvariantViolation
+from rlsched.cluster.state import ClusterState, EngineState
+from rlsched.cluster.view import RolloutTotals
+
+
+@pytest.fixture
+def st() -> ClusterState:
+    s = ClusterState(8, 2, [[(f"t{i}", "task") for i in range(6)]], max_staleness=0)
+    for e in (2, 0, 1):
+        s.add_engine(EngineState(e, s.engine_gpus(e), 0, 1000))
+    return s
+
+
+def test_engine_methods_keep_the_totals(st):
+    e0, e1 = st.engines_[0], st.engines_[1]
+    e0.enqueue("t0")
+    e0.enqueue("t1")
+    e0.enqueue("t2", front=True)
+    assert st.rollout_totals() == RolloutTotals(3, 3, 1, 0)
+    assert e0.dequeue(admit=True) == "t2"
+    e0.set_kv(300)
+    assert e0.dequeue(admit=False) == "t0"  # (left without running: e.g. too long)
+    assert st.rollout_totals() == RolloutTotals(3, 2, 1, 300)
+    e0.discard("t1")  # from the queue: the queue is empty now
+    e0.discard("t9")  # not here: nothing changes
+    e1.enqueue("t3")
+    e1.dequeue(admit=True)
+    e1.set_kv(50)
+    e1.enqueue("t4", front=True)  # (waits for KV at the head)
+    assert st.rollout_totals() == RolloutTotals(3, 3, 1, 350)
+    st.check_totals()
+    e1.drain()  # a draining engine no longer counts, whatever it still holds
+    assert st.rollout_totals() == RolloutTotals(2, 1, 0, 300)
+    e1.discard("t3")
+    e1.set_kv(0)
+    assert st.rollout_totals() == RolloutTotals(2, 1, 0, 300)
+    st.check_totals()
+    st.remove_engine(1)
+    st.remove_engine(0)
+    assert st.rollout_totals() == RolloutTotals(1, 0, 0, 0)
+    st.check_totals()
+
+
+def test_engine_ids_are_cached_until_an_engine_comes_drains_or_goes(st):
+    ids = st.engines()
+    assert ids == (0, 1, 2) and st.engines() is ids
+    st.engines_[1].drain()
+    assert st.engines() == (0, 2)
+    st.add_engine(EngineState(3, st.engine_gpus(3), 0, 1000))
+    assert st.engines() == (0, 2, 3)
+    st.remove_engine(1)
+    assert st.engines() == (0, 2, 3)
+    st.remove_engine(0)
+    assert st.engines() == (2, 3)
+    st.check_totals()
+
+
+def test_an_engine_changed_behind_the_tally_is_caught(st):
+    st.engines_[0].running.add("t0")  # (not through its methods)
+    with pytest.raises(InvariantViolation, match=r"rollout tally .* \(3, 0, 0, 0\) != scan \(3, 1, 0, 0\)"):
+        st.check_totals()
+
+
+def test_an_engine_is_added_once(st):
+    with pytest.raises(ValueError, match="engine 0 is already a rollout engine"):
+        st.add_engine(EngineState(0, st.engine_gpus(0), 0, 1000))
+    other = ClusterState(8, 2, [], max_staleness=0)
+    with pytest.raises(ValueError, match="engine 1 belongs to another cluster state"):
+        other.add_engine(st.engines_[1])
