@@ -8,6 +8,7 @@ and the drivers only add *timing*.
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -73,7 +74,8 @@ class RolloutTally:
     live: int = 0  # running + queued
     with_queue: int = 0  # engines whose queue is not empty
     kv: int = 0
-    ids: tuple[EngineId, ...] | None = ()  # sorted active engine ids (None: recompute)
+    active: list[EngineId] = field(default_factory=list)  # their ids, ascending
+    ids: tuple[EngineId, ...] | None = ()  # tuple(active), None once it changes
 
 
 @dataclass(slots=True)
@@ -158,6 +160,10 @@ def _count(t: RolloutTally, es: EngineState, sign: int) -> None:
     t.live += sign * (len(es.running) + len(es.queue))
     t.with_queue += sign * (len(es.queue) > 0)
     t.kv += sign * es.kv_used
+    if sign > 0:
+        insort(t.active, es.id)
+    else:
+        t.active.remove(es.id)
     t.ids = None
 
 
@@ -213,6 +219,8 @@ class ClusterState:
         self._finished: dict[TrajectoryId, None] = {}  # insertion-ordered set
         # per step, the same set; entries found in a micro-batch are dropped when met
         self._finished_by_step: list[dict[TrajectoryId, None]] = []
+        # per step, the finished ones that are INTERRUPTED (a subset of the above)
+        self._interrupted_by_step: list[dict[TrajectoryId, None]] = []
         for step, batch in enumerate(batches):
             ids = []
             for tid, task in batch:
@@ -223,6 +231,7 @@ class ClusterState:
             self._batches.append(tuple(ids))
             self._unfinished.append(len(ids))
             self._finished_by_step.append({})
+            self._interrupted_by_step.append({})
         self.version = 0
         self.trainer_busy = False
         self.queued_micro_batches = 0
@@ -267,7 +276,7 @@ class ClusterState:
     def engines(self) -> tuple[EngineId, ...]:
         t = self._tally
         if t.ids is None:
-            t.ids = tuple(sorted([e for e, s in self.engines_.items() if not s.draining]))
+            t.ids = tuple(t.active)
         return t.ids
 
     def engine(self, engine: EngineId) -> EngineInfo:
@@ -314,6 +323,14 @@ class ClusterState:
             del ready[t]
         return tuple(ready)
 
+    def interrupted(self, step: int) -> tuple[TrajectoryId, ...]:
+        """The part of ``finished(step)`` whose status is INTERRUPTED, in finish order,
+        without scanning the rest (policies that resume them ask on every event)."""
+        if not 0 <= step < len(self._interrupted_by_step):
+            return ()
+        trajs = self.trajs
+        return tuple(t for t in self._interrupted_by_step[step] if not trajs[t].in_micro_batch)
+
     def unfinished(self, step: int) -> int:
         return self._unfinished[step]
 
@@ -358,8 +375,8 @@ class ClusterState:
         if got != want:
             raise InvariantViolation(f"t={self._now:.3f}: rollout tally (engines, live, queued, kv) "
                                  f"{got} != scan {want}")
-        if t.ids is not None and t.ids != tuple(sorted(e for e, s in self.engines_.items() if not s.draining)):
-            raise InvariantViolation(f"t={self._now:.3f}: cached engine ids {t.ids} are stale")
+        if t.active != scan.active or t.ids not in (None, tuple(scan.active)):
+            raise InvariantViolation(f"t={self._now:.3f}: engine ids {t.active} / {t.ids} != scan {scan.active}")
 
     def least_loaded(self) -> EngineId:
         best = min(
@@ -387,12 +404,15 @@ class ClusterState:
         self._unfinished[t.step] -= 1
         self._finished[tid] = None
         self._finished_by_step[t.step][tid] = None
+        if status is TrajStatus.INTERRUPTED:
+            self._interrupted_by_step[t.step][tid] = None
 
     def mark_resumable(self, tid: TrajectoryId) -> None:
         """An INTERRUPTED trajectory was dispatched again: it is unfinished once more."""
         t = self.trajs[tid]
         self._finished.pop(tid, None)
         self._finished_by_step[t.step].pop(tid, None)
+        self._interrupted_by_step[t.step].pop(tid, None)
         self._unfinished[t.step] += 1
 
     def mark_trained(self, tids: Iterable[TrajectoryId], version: int) -> None:
@@ -401,6 +421,7 @@ class ClusterState:
             t.status, t.trained_version, t.in_micro_batch = TrajStatus.TRAINED, version, False
             self._finished.pop(tid, None)
             self._finished_by_step[t.step].pop(tid, None)
+            self._interrupted_by_step[t.step].pop(tid, None)
 
     def mark_dropped(self, tids: Iterable[TrajectoryId]) -> None:
         for tid in tids:
@@ -408,6 +429,7 @@ class ClusterState:
             t.status = TrajStatus.DROPPED
             self._finished.pop(tid, None)
             self._finished_by_step[t.step].pop(tid, None)
+            self._interrupted_by_step[t.step].pop(tid, None)
 
     # --------------------------------------------------------------- legality
     def check(self, cmd: Command) -> None:
@@ -420,8 +442,8 @@ class ClusterState:
                         raise PolicyError(f"Dispatch of {tid!r} which is {st}, not pending/interrupted")
                 if e is not None and (e not in self.engines_ or self.engines_[e].draining):
                     raise PolicyError(f"Dispatch to engine {e}, which is not an active rollout engine")
-                if e is None and tids:
-                    self.least_loaded()
+                if e is None and tids and not self.engines():
+                    self.least_loaded()  # (raises: no rollout engine)
             case Reassign(gpus=gpus, role=role):
                 self._check_reassign(gpus, role)
             case TrainMicroBatch(trajectories=tids) | Train(trajectories=tids):

@@ -39,7 +39,7 @@ from rlsched.cluster.events import (
     WeightsSynced,
     WorkerRecovered,
 )
-from rlsched.cluster.ids import Drain, Role, TrajStatus
+from rlsched.cluster.ids import Drain, Role
 from rlsched.cluster.policy import Param
 from rlsched.cluster.view import ClusterView
 
@@ -127,7 +127,7 @@ class Elastic:
         dispatched = self._dispatch(view) + self._resume(view)
         cmds += dispatched
         leaving = {g for c in cmds if isinstance(c, Reassign) and c.role is not Role.TRAIN for g in c.gpus}
-        if leaving.isdisjoint(view.trainer().gpus):
+        if not leaving or leaving.isdisjoint(view.trainer().gpus):
             # (a micro-batch queued while the trainer's GPUs are being handed back would
             # start on whatever GPUs it gets later: wait until it has them)
             cmds += self._train(view)
@@ -198,11 +198,7 @@ class Elastic:
         the engines that remain; they are never trained as partial by this policy."""
         if not view.engines():
             return []
-        stopped = tuple(
-            t for s in range(self._train_step, self._dispatched)
-            for t in view.finished(s)
-            if view.status(t) is TrajStatus.INTERRUPTED
-        )
+        stopped = tuple(t for s in range(self._train_step, self._dispatched) for t in view.interrupted(s))
         return [Dispatch(stopped)] if stopped else []
 
     # ---------------------------------------------------------------- training
@@ -213,7 +209,10 @@ class Elastic:
         tr = view.trainer()
         if not tr.gpus or tr.queued_micro_batches:
             return []
-        ready = tuple(t for t in view.finished(s) if view.status(t) is not TrajStatus.INTERRUPTED)
+        ready = view.finished(s)
+        stopped = set(view.interrupted(s))
+        if stopped:
+            ready = tuple(t for t in ready if t not in stopped)
         if ready:
             # A micro-batch runs on the GPUs the trainer has when it starts; GPUs that join
             # later wait for the next one. While the trainer grows (engines released one by
@@ -246,7 +245,7 @@ class Elastic:
         stuck = live == 0 and view.unfinished(s) == 0 and not view.trainer().gpus
         floor = min(self.min_engines, totals.engines - 1) if stuck else self.min_engines
         if (self.staleness == 0 and live == 0 and view.unfinished(s) == 0
-                and not any(view.status(t) is TrajStatus.INTERRUPTED for t in view.finished(s))):
+                and not view.interrupted(s)):
             # On-policy and the step's rollout is over: no engine has anything to do until
             # the optimizer step, so every GPU trains (as colocated does); an engine kept
             # would idle through the whole training phase to save one switch.

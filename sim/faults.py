@@ -126,7 +126,7 @@ class FaultMixin(DriverCore):
             what = f"rollout engine {eng.id} lost, {len(hit)} trajectories interrupted"
         elif role is Role.TRAIN:
             tr = self.trainer
-            tr.gpus.remove(g)
+            tr.remove(g)
             if g in tr.leaving:
                 gid, _ = tr.leaving.pop(g)  # type: ignore[misc]
                 self._group_drop(gid, g)

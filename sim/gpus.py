@@ -23,6 +23,18 @@ VALUE = {s: s.value for s in GpuState}  # enum .value is a descriptor call; look
 CODE = {s: GPU_STATE_CODE[s.value] for s in GpuState}  # a state in the recorder's buffers
 
 
+class _Span:
+    """Consecutive trainer GPUs holding one open interval, owned like an engine's GPUs
+    (:meth:`GpuStates.claim`); unlike an engine's, the interval has a step."""
+
+    __slots__ = ("first_gpu", "gsince", "gstate", "gstep", "owns", "tp")
+
+    def __init__(self, first: int, count: int, state: GpuState, since: float, step: int) -> None:
+        self.first_gpu, self.tp = first, count
+        self.gstate, self.gsince, self.gstep = state, since, step
+        self.owns = False
+
+
 class GpuStates:
     def __init__(self, num_gpus: int, recorder: RunRecorder | None) -> None:
         self.state: list[str] = [GpuState.IDLE.value] * num_gpus
@@ -31,12 +43,14 @@ class GpuStates:
         self.owner: list[Any] = [None] * num_gpus  # engine that holds the GPU's state
         self.rec = recorder
         self.busy_seconds: dict[str, float] = {}
+        self._spans: dict[tuple[int, int], _Span] = {}  # see set_runs
+        self._spans_of: tuple[tuple[int, int], ...] = ()
 
     # --------------------------------------------------------- ownership
     def claim(self, owner: Any) -> None:
         """``owner`` (``first_gpu``, ``tp``, ``gstate``, ``gsince``, ``owns``) keeps the
-        state of its GPUs from now on; they must share one open interval (step -1)
-        starting at ``owner.gsince`` in state ``owner.gstate``."""
+        state of its GPUs from now on; they must share one open interval (step -1, or a
+        :class:`_Span`'s ``gstep``) starting at ``owner.gsince`` in state ``owner.gstate``."""
         for g in range(owner.first_gpu, owner.first_gpu + owner.tp):
             self.owner[g] = owner
         owner.owns = True
@@ -49,7 +63,7 @@ class GpuStates:
         n = end - first
         self.state[first:end] = [VALUE[owner.gstate]] * n
         self.since[first:end] = [owner.gsince] * n
-        self.step[first:end] = [-1] * n
+        self.step[first:end] = [owner.gstep if type(owner) is _Span else -1] * n
         self.owner[first:end] = [None] * n
         owner.owns = False
 
@@ -84,29 +98,29 @@ class GpuStates:
         if run_key is not None:
             self._close(run_first, run_len, run_key, now)
 
-    def set_runs(self, runs: Iterable[tuple[int, int]], state: GpuState, now: float, step: int = -1) -> None:
+    def set_runs(self, runs: tuple[tuple[int, int], ...], state: GpuState, now: float, step: int = -1) -> None:
         """:meth:`set` for the GPUs of ``runs`` ((first, count), ascending, disjoint): the
-        same intervals, in O(1) Python steps per run when a run's GPUs share one open
-        interval (the trainer's GPUs do, between changes of the trainer's set)."""
-        states, since, steps, owner = self.state, self.since, self.step, self.owner
-        st = VALUE[state]
-        for first, count in runs:
-            end = first + count
-            s0, t0, k0 = states[first], since[first], steps[first]
-            if (
-                owner[first:end].count(None) != count
-                or states[first:end].count(s0) != count
-                or since[first:end].count(t0) != count
-                or steps[first:end].count(k0) != count
-            ):
-                self.set(range(first, end), state, now, step)
+        same intervals. The trainer's GPUs change state twice per micro-batch, run by run,
+        so each run owns its GPUs' state like an engine (:class:`_Span`) until someone
+        else touches them, and a change costs O(1) Python steps per run. Pass the same
+        ``runs`` object while the trainer's GPUs stay the same (``TrainerSim.runs``)."""
+        spans = self._spans
+        if runs is not self._spans_of:  # (spans of runs no longer passed are released when touched)
+            spans = self._spans = {r: spans[r] for r in runs if r in spans}
+            self._spans_of = runs
+        since = self.since
+        for r in runs:
+            sp = spans.get(r)
+            if sp is not None and sp.owns:
+                if sp.gstate is not state or sp.gstep != step:
+                    self._close(sp.first_gpu, sp.tp, (sp.gsince, VALUE[sp.gstate], sp.gstep), now)
+                    sp.gstate, sp.gsince, sp.gstep = state, now, step
                 continue
-            if s0 == st and k0 == step:
-                continue
-            self._close(first, count, (t0, s0, k0), now)
-            states[first:end] = [st] * count
-            since[first:end] = [now] * count
-            steps[first:end] = [step] * count
+            first, count = r
+            self.set(range(first, first + count), state, now, step)
+            if since[first:first + count].count(since[first]) == count:  # one open interval: own it
+                sp = spans[r] = _Span(first, count, state, since[first], step)
+                self.claim(sp)
 
     def _close(self, first: int, count: int, key: tuple[float, str, int], now: float) -> None:
         since, st, step = key

@@ -102,7 +102,7 @@ class Roles(DriverCore):
         switch_gid = self._switch_gid
         for g in gpus:
             if st.roles[g] is Role.TRAIN:
-                self.trainer.gpus.remove(g)
+                self.trainer.remove(g)
             st.roles[g] = Role.SWITCHING
             switch_gid[g] = gid
         self.gpus.set(gpus, GpuState.SWITCH, now)
@@ -137,8 +137,7 @@ class Roles(DriverCore):
                 else:  # a GPU of the engine failed during the switch: no engine, these idle
                     self._orphaned(tuple(g for g in gpus if st.engine_of(g) == e), gid)
         elif role is Role.TRAIN:
-            self.trainer.gpus.extend(gpus)
-            self.trainer.gpus.sort()
+            self.trainer.add(gpus)
             self.gpus.set(gpus, GpuState.TRAIN_IDLE, now)
         else:
             self.gpus.set(gpus, GpuState.IDLE, now)

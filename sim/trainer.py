@@ -22,7 +22,7 @@ class OptimizerJob:
 class TrainerSim:
     jobs: deque[MicroBatchJob | OptimizerJob] = field(default_factory=deque)
     running: MicroBatchJob | OptimizerJob | None = None
-    gpus: list[int] = field(default_factory=list)  # GPUs in TRAIN, ascending
+    gpus: list[int] = field(default_factory=list)  # GPUs in TRAIN, ascending (see add/remove)
     leaving: dict[int, object] = field(default_factory=dict)  # gpu -> target role
     accumulated: list[str] = field(default_factory=list)
     busy_seconds: float = 0.0
@@ -35,13 +35,30 @@ class TrainerSim:
     # fault re-runs them
     done_jobs: list[tuple[MicroBatchJob, float, int]] = field(default_factory=list)
     restart_until: float = 0.0  # no job starts before this (trainer restarting)
+    _gpus: tuple[int, ...] | None = ()  # tuple(gpus), None once they change
     _runs_of: tuple[int, ...] = ()
     _runs: tuple[tuple[int, int], ...] = ()
+
+    def add(self, gpus: tuple[int, ...]) -> None:
+        self.gpus.extend(gpus)
+        self.gpus.sort()
+        self._gpus = None
+
+    def remove(self, gpu: int) -> None:
+        self.gpus.remove(gpu)
+        self._gpus = None
+
+    def current(self) -> tuple[int, ...]:
+        """The GPUs as a tuple: the same object until they change (so :meth:`runs` and
+        ``GpuStates.set_runs`` recognise the set without comparing it)."""
+        if self._gpus is None:
+            self._gpus = tuple(self.gpus)
+        return self._gpus
 
     def runs(self, gpus: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
         """``gpus`` (ascending) as (first, count) runs of consecutive ids. Jobs run on the
         same GPUs until the trainer's set changes, so the last answer is kept."""
-        if gpus != self._runs_of:
+        if gpus is not self._runs_of and gpus != self._runs_of:
             runs: list[tuple[int, int]] = []
             for g in gpus:
                 if runs and runs[-1][0] + runs[-1][1] == g:

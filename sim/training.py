@@ -100,7 +100,7 @@ class Training(DriverCore):
         st = self.state
         st.trainer_busy = True
         now = self.now
-        gpus = tuple(tr.gpus)
+        gpus = tr.current()
         if isinstance(job, MicroBatchJob):
             st.queued_micro_batches -= 1
             secs = self.cost.train_s(self._charge(list(job.trajectories), self.trajs), len(gpus))

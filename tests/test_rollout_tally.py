@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlsched.cluster.errors import InvariantViolation
+from rlsched.cluster.ids import TrajStatus
 from rlsched.cluster.state import ClusterState, EngineState
 from rlsched.cluster.view import RolloutTotals
 
@@ -73,3 +74,21 @@ def test_an_engine_is_added_once(st):
     other = ClusterState(8, 2, [], max_staleness=0)
     with pytest.raises(ValueError, match="engine 1 belongs to another cluster state"):
         other.add_engine(st.engines_[1])
+
+
+def test_interrupted_is_the_interrupted_part_of_finished(st):
+    for tid, status in [("t0", TrajStatus.INTERRUPTED), ("t1", TrajStatus.DONE),
+                        ("t2", TrajStatus.INTERRUPTED), ("t3", TrajStatus.INTERRUPTED)]:
+        st.mark_active(tid, TrajStatus.RUNNING, 0)
+        st.mark_finished(tid, status)
+    assert st.finished(0) == ("t0", "t1", "t2", "t3")
+    assert st.interrupted(0) == ("t0", "t2", "t3")
+    st.mark_resumable("t0")  # dispatched again: neither finished nor interrupted
+    st.trajs["t2"].in_micro_batch = True  # (trained as partial: in a queued micro-batch)
+    assert st.interrupted(0) == ("t3",) and st.finished(0) == ("t1", "t3")
+    st.mark_trained(["t2"], 0)
+    st.mark_dropped(["t3"])
+    st.mark_active("t0", TrajStatus.RUNNING, 0)
+    st.mark_finished("t0", TrajStatus.INTERRUPTED)  # interrupted again: last in finish order
+    assert st.interrupted(0) == ("t0",) and st.finished(0) == ("t1", "t0")
+    assert st.interrupted(1) == () and st.interrupted(-1) == ()
