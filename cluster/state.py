@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .commands import (
@@ -75,6 +75,8 @@ class RolloutTally:
     with_queue: int = 0  # engines whose queue is not empty
     kv: int = 0
     active: list[EngineId] = field(default_factory=list)  # their ids, ascending
+    # a driver that sums the KV itself (ClusterState.use_kv_source); then ``kv`` is unused
+    kv_source: Callable[[], int] | None = None
     ids: tuple[EngineId, ...] | None = ()  # tuple(active), None once it changes
 
 
@@ -308,7 +310,12 @@ class ClusterState:
 
     def rollout_totals(self) -> RolloutTotals:
         t = self._tally
-        return RolloutTotals(t.engines, t.live, t.with_queue, t.kv)
+        return RolloutTotals(t.engines, t.live, t.with_queue, t.kv if t.kv_source is None else t.kv_source())
+
+    def use_kv_source(self, total: Callable[[], int]) -> None:
+        """The KV in use on the active engines is ``total()``, kept by the driver (which
+        still sets each ``EngineState.kv_used``, but not through ``set_kv``)."""
+        self._tally.kv_source = total
 
     def finished(self, step: int | None = None) -> tuple[TrajectoryId, ...]:
         """Finished, not yet trained/dropped, not in a queued micro-batch; finish order."""
@@ -370,7 +377,7 @@ class ClusterState:
             if not es.draining:
                 _count(scan, es, +1)
         t = self._tally
-        got = (t.engines, t.live, t.with_queue, t.kv)
+        got = (t.engines, t.live, t.with_queue, t.kv if t.kv_source is None else t.kv_source())
         want = (scan.engines, scan.live, scan.with_queue, scan.kv)
         if got != want:
             raise InvariantViolation(f"t={self._now:.3f}: rollout tally (engines, live, queued, kv) "

@@ -12,6 +12,7 @@ cdef class DriverCore:
     cdef public object _env_callbacks, _wake_callbacks
     cdef public list _queue
     cdef public dict engines
+    cdef public double[::1] gpu_busy
     # RunRecorder.interval_buffers (valid when iv_on)
     cdef public bint iv_on
     cdef public Py_ssize_t iv_cap

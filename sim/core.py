@@ -31,7 +31,7 @@ from rlsched.cluster.record import RunRecorder
 from rlsched.cluster.state import ClusterState
 
 from .cost import CostModel
-from .engine import EngineSim
+from .engine import EngineSim, KvPool
 from .gpus import GpuStates
 from .timers import NORMAL, Call, queue_of
 from .trainer import TrainerSim
@@ -108,9 +108,12 @@ class DriverCore:
                 i = index[t]
                 self.trajs[rid] = SimTraj(rid, i, int(turns[i]), bool(truncated[i]), tstates[rid])
         self.engines: dict[int, EngineSim] = {}
+        self.kv_pool = KvPool()  # KV reserved on the active engines (see EngineSim.count_in)
+        self.state.use_kv_source(self.kv_pool_total)
         self.kv_capacity = cost.kv_capacity_tokens(config.tp)
         self.trainer = TrainerSim()
         self.gpus = GpuStates(config.gpus, recorder)
+        self.gpu_busy = self.gpus.busy  # (typed in core.pxd: engines add to it per turn)
         # the recorder's interval arrays, written per turn by turns.engine_touch
         self.iv_on = recorder is not None
         if recorder is not None:
@@ -139,6 +142,9 @@ class DriverCore:
         self._queue, self._eid = queue_of(self.env)  # see .timers
         self._switch_gid: dict[int, int] = {}  # GPU -> switch group it is switching with
         self.fault = FaultState(faults)  # see .faults
+
+    def kv_pool_total(self) -> int:
+        return self.kv_pool.total
 
     # ---------------------------------------------------------------- loop
     def _run_until(self, until: simpy.Event) -> None:

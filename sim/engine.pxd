@@ -7,14 +7,20 @@ cimport cython
 
 
 @cython.final
+cdef class KvPool:
+    cdef public long long total
+
+
+@cython.final
 cdef class EngineSim:
     cdef public double progress, updated, rate, stall_end, sync_end, wake_at, timer_at, gsince
     cdef public double ctx_base
     cdef public double _weights, _kv_tok, _mem_den, _params2, _comp_den, _overhead, _pre_attn
     cdef public double _pre_den
     cdef public long long kv_reserved, kv_capacity, seq_counter
-    cdef public int id, first_gpu, tp
-    cdef public bint closed, owns
+    cdef public int id, first_gpu, tp, gcode
+    cdef public bint closed, owns, counted
+    cdef public KvPool pool
     cdef public object version, cost, es, callbacks, gstate, eid
     cdef public object wake_callbacks
     cdef public dict members, reservations, env_lru

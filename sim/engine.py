@@ -35,6 +35,18 @@ _EPS = 1e-9
 _INF = float("inf")
 
 
+class KvPool:
+    """KV tokens reserved on the engines that count for the cluster's rollout totals
+    (open and not draining). ``ClusterState.rollout_totals`` reads ``total`` (see
+    ``ClusterState.use_kv_source``): updating the tally through ``EngineState.set_kv``, a
+    Python call on every turn, cost ~5% of a replay."""
+
+    __slots__ = ("total",)
+
+    def __init__(self) -> None:
+        self.total = 0
+
+
 class EngineSim:
     """Timing state of one rollout engine (the policy-visible part is its ``es``)."""
 
@@ -42,9 +54,9 @@ class EngineSim:
 
     __slots__ = (
         "_comp_den", "_kv_tok", "_mem_den", "_overhead", "_params2", "_pre_attn", "_pre_den",
-        "_weights", "callbacks", "closed", "cost", "ctx_base", "eid", "env_lru", "es",
-        "evicted", "first_gpu", "gsince", "gstate", "heap", "id", "kv_capacity", "kv_reserved",
-        "members", "owns", "progress", "queue", "rate", "reservations", "seq_counter",
+        "_weights", "callbacks", "closed", "cost", "counted", "ctx_base", "eid", "env_lru", "es",
+        "evicted", "first_gpu", "gcode", "gsince", "gstate", "heap", "id", "kv_capacity", "kv_reserved",
+        "members", "owns", "pool", "progress", "queue", "rate", "reservations", "seq_counter",
         "stall_end", "sync_end", "timer_at", "tp", "updated", "version", "wake_at",
         "wake_callbacks",
     )
@@ -73,6 +85,9 @@ class EngineSim:
         self.ctx_base = 0.0  # sum of member bases
         self.kv_reserved = 0
         self.reservations: dict[Hashable, int] = {}
+        # while ``counted``, kv_reserved is part of pool.total (see count_in)
+        self.pool: KvPool | None = None
+        self.counted = False
         # in tool time, KV held, oldest tool call first (a key is always absent when a tool
         # call starts, so a plain dict keeps the order an LRU needs)
         self.env_lru: dict[Hashable, None] = {}
@@ -84,6 +99,7 @@ class EngineSim:
         self.callbacks: tuple | None = None
         self.timer_at = 0.0
         self.gstate: object = None  # GpuState of this engine's GPUs
+        self.gcode = 0  # its index in the run record's state codes (gpus.CODE)
         self.gsince = 0.0  # since when (valid while it owns them, see GpuStates.claim)
         self.owns = False
         # where rearm() pushes the engine's wake-up timer (set by the driver; see .timers)
@@ -249,7 +265,9 @@ class EngineSim:
         self.reservations[key] = tokens
         self.kv_reserved += need
         if self.es is not None:
-            self.es.set_kv(self.kv_reserved)
+            self.es.kv_used = self.kv_reserved
+        if self.counted:
+            self.pool.total += need
         return True
 
     def evict(self, key: Hashable) -> None:
@@ -258,9 +276,23 @@ class EngineSim:
         self.evicted.append(key)
 
     def release(self, key: Hashable) -> None:
-        self.kv_reserved -= self.reservations.pop(key, 0)
+        freed = self.reservations.pop(key, 0)
+        self.kv_reserved -= freed
         if self.es is not None:
-            self.es.set_kv(self.kv_reserved)
+            self.es.kv_used = self.kv_reserved
+        if self.counted:
+            self.pool.total -= freed
+
+    def count_in(self, pool: KvPool) -> None:
+        """From now on the engine's reserved KV is part of ``pool.total``."""
+        pool.total += self.kv_reserved
+        self.pool, self.counted = pool, True
+
+    def count_out(self) -> None:
+        """The engine leaves rollout (drains or fails): its KV no longer counts."""
+        if self.counted:
+            self.pool.total -= self.kv_reserved
+            self.counted = False
 
     @property
     def decoding(self) -> int:

@@ -157,6 +157,7 @@ class FaultMixin(DriverCore):
         es = eng.es
         eng.closed = True  # first: no admission, no drain-then-switch while emptying it
         es.drain()
+        eng.count_out()
         hit = list(es.queue) + sorted(es.running)
         stats = self.fault.stats
         for tid in hit:

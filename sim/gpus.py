@@ -13,11 +13,12 @@ lists are brought up to date only when someone else reads or writes those GPUs
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable
 from typing import Any
 
 from rlsched.cluster.ids import GpuState
-from rlsched.cluster.record import GPU_STATE_CODE, RunRecorder
+from rlsched.cluster.record import GPU_STATE_CODE, GPU_STATE_NAMES, RunRecorder
 
 VALUE = {s: s.value for s in GpuState}  # enum .value is a descriptor call; look it up once
 CODE = {s: GPU_STATE_CODE[s.value] for s in GpuState}  # a state in the recorder's buffers
@@ -42,7 +43,8 @@ class GpuStates:
         self.step: list[int] = [-1] * num_gpus
         self.owner: list[Any] = [None] * num_gpus  # engine that holds the GPU's state
         self.rec = recorder
-        self.busy_seconds: dict[str, float] = {}
+        # GPU-seconds per state, indexed by CODE (engines add theirs in turns.engine_touch)
+        self.busy = array("d", bytes(8 * len(CODE)))
         self._spans: dict[tuple[int, int], _Span] = {}  # see set_runs
         self._spans_of: tuple[tuple[int, int], ...] = ()
 
@@ -72,6 +74,11 @@ class GpuStates:
         if o is not None:
             self.release(o)
         return self.state[gpu]
+
+    @property
+    def busy_seconds(self) -> dict[str, float]:
+        """GPU-seconds spent in each state so far (states never entered left out)."""
+        return {name: s for name, s in zip(GPU_STATE_NAMES, self.busy, strict=True) if s}
 
     # ----------------------------------------------------------- writes
     def set(self, gpus: Iterable[int], state: GpuState, now: float, step: int = -1) -> None:
@@ -125,7 +132,7 @@ class GpuStates:
     def _close(self, first: int, count: int, key: tuple[float, str, int], now: float) -> None:
         since, st, step = key
         if now > since:
-            self.busy_seconds[st] = self.busy_seconds.get(st, 0.0) + (now - since) * count
+            self.busy[GPU_STATE_CODE[st]] += (now - since) * count
             if self.rec is not None:
                 self.rec.interval(first, count, since, now, st, step)
 

@@ -17,6 +17,7 @@ from rlsched.cluster.state import EngineState
 
 from .core import DriverCore, SimTraj
 from .engine import EngineSim
+from .gpus import CODE
 from .turns import engine_touch
 
 
@@ -71,6 +72,7 @@ class Roles(DriverCore):
     def _drain_engine(self, eng: EngineSim, gid: int, role: Role, drain: Drain) -> None:
         es = eng.es
         es.drain()
+        eng.count_out()
         self._engine_switch[eng.id] = (gid, role)
         others = [x for x in self.state.engines_.values() if not x.draining]
         if drain is not Drain.INTERRUPT and not others and (es.running or es.queue):
@@ -180,9 +182,11 @@ class Roles(DriverCore):
         eng = EngineSim(e, gpus[0], self.cfg.tp, self.cost, self.kv_capacity, version=v, es=es)
         eng.updated = eng.stall_end = self.now
         eng.queue, eng.eid, eng.wake_callbacks = self._queue, self._eid, self._wake_callbacks
+        eng.count_in(self.kv_pool)
         # An engine opens once per GPU of it whose switch ends (all at one instant); it
         # reports EngineIdle only if its GPUs were not already idle rollout.
         eng.gstate = GpuState(self.gpus.state_of(gpus[0]))
+        eng.gcode = CODE[eng.gstate]
         self.engines[e] = eng
         self._engine_touch(eng)
 

@@ -18,5 +18,5 @@ cpdef turn_done(DriverCore d, SimTraj t, EngineSim eng)
                cached=cython.longlong)
 cpdef env_timer(DriverCore d, object ev)
 
-@cython.locals(now=double, since=double, i=Py_ssize_t)
+@cython.locals(now=double, since=double, i=Py_ssize_t, code=int)
 cpdef engine_touch(DriverCore d, EngineSim eng)

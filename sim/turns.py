@@ -27,7 +27,7 @@ from rlsched.cluster.events import EngineIdle
 from rlsched.cluster.ids import GpuState, TrajStatus
 
 from .engine import EngineSim
-from .gpus import CODE, VALUE
+from .gpus import CODE
 from .timers import NORMAL, Call
 from .traj import SimTraj
 
@@ -202,17 +202,15 @@ def engine_touch(d: Any, eng: EngineSim) -> None:
             # GpuStates.claim, which hands the engine its GPUs' open interval)
             since = eng.gsince
             if now > since:
-                gpus = d.gpus
-                v = VALUE[prev]
-                busy = gpus.busy_seconds
-                busy[v] = busy.get(v, 0.0) + (now - since) * eng.tp
+                code = eng.gcode
+                d.gpu_busy[code] += (now - since) * eng.tp
                 if d.iv_on:  # (RunRecorder.interval, inline: see interval_buffers)
                     i = d.iv_n[0]
                     d.iv_first[i] = eng.first_gpu
                     d.iv_count[i] = eng.tp
                     d.iv_start[i] = since
                     d.iv_end[i] = now
-                    d.iv_state[i] = CODE[prev]
+                    d.iv_state[i] = code
                     d.iv_step[i] = -1
                     d.iv_n[0] = i + 1
                     if i + 1 >= d.iv_cap:
@@ -221,6 +219,7 @@ def engine_touch(d: Any, eng: EngineSim) -> None:
             d.gpus.set(range(eng.first_gpu, eng.first_gpu + eng.tp), state, now)
             d.gpus.claim(eng)
         eng.gstate = state
+        eng.gcode = CODE[state]
         eng.gsince = now
     if es.draining:
         d._maybe_close_engine(eng)
