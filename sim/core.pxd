@@ -3,6 +3,9 @@
 # attributes live in the instance __dict__ (declared so that Cython keeps one).
 cimport cython
 
+from .engine cimport EngineSim
+from .traj cimport SimTraj
+
 
 cdef class DriverCore:
     cdef dict __dict__
@@ -21,5 +24,7 @@ cdef class DriverCore:
     cdef public signed char[::1] iv_state
     cdef public long long[::1] iv_n
 
-    @cython.locals(queue=list, callbacks=object)
     cpdef _run_until(self, object until)
+
+    @cython.locals(callbacks=object, t=SimTraj, eng=EngineSim, now=double)
+    cpdef _step_until(self, object env, list queue, object until)

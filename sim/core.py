@@ -153,14 +153,44 @@ class DriverCore:
         ``(time, priority, id, event)``, set the clock, detach and call the event's
         callbacks, raise a failed event's exception unless it was defused). Compiled
         (``core.pxd``) it spares the Python call ``step`` costs per event; as Python it
-        is ``env.run`` without the ``StopSimulation`` callback."""
+        is ``env.run`` without the ``StopSimulation`` callback.
+
+        The simulator's own per-turn timer events (trajectories and engines, typed when
+        compiled) are handled without SimPy's attribute protocol: their callbacks are a C
+        field, they never fail, their callbacks read the clock from ``self.now`` and never
+        schedule through SimPy, and they cannot be ``until`` nor trigger it -- so
+        ``env._now`` is brought up to date only before any other event and on the way out."""
         env = self.env
         queue = self._queue
-        while until.callbacks is not None:  # (until the event has been processed)
+        if until.callbacks is None:  # (already processed)
+            return
+        try:
+            self._step_until(env, queue, until)
+        finally:
+            env._now = self.now
+
+    def _step_until(self, env: simpy.Environment, queue: list, until: simpy.Event) -> None:
+        while True:
             if not queue:
                 raise RuntimeError(
                     f'No scheduled events left but "until" event was not triggered: {until}')
             now, _, _, event = heappop(queue)
+            self.now = now
+            cls = event.__class__
+            if cls is SimTraj:
+                t = event
+                callbacks = t.callbacks
+                t.callbacks = None
+                for callback in callbacks:
+                    callback(event)
+                continue
+            if cls is EngineSim:
+                eng = event
+                callbacks = eng.callbacks
+                eng.callbacks = None
+                for callback in callbacks:
+                    callback(event)
+                continue
             env._now = now
             callbacks = event.callbacks
             event.callbacks = None
@@ -170,6 +200,8 @@ class DriverCore:
                 exc = type(event._value)(*event._value.args)
                 exc.__cause__ = event._value
                 raise exc
+            if until.callbacks is None:  # (until has been processed)
+                return
 
     # -------------------------------------------------------------- timers
     def _later(self, delay: float, fn: Callable[[Any, Any], None], a: Any = None, b: Any = None) -> None:

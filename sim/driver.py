@@ -37,12 +37,13 @@ from rlsched.cluster.errors import PolicyError
 from rlsched.cluster.events import RunStarted, TimerFired
 from rlsched.cluster.state import ClusterState
 
-from .core import Progress, SimTraj
+from .core import Progress
 from .faults import FaultMixin
 from .lifecycle import Lifecycle
 from .recording import Recording
 from .roles import Roles
 from .training import Training
+from .traj import SimTraj
 
 __all__ = ["Progress", "SimDriver", "SimResult", "SimTraj"]
 

@@ -27,9 +27,10 @@ from rlsched.cluster.events import (
 from rlsched.cluster.faults import Fault
 from rlsched.cluster.ids import GpuState, Role
 
-from .core import DriverCore, SimTraj
+from .core import DriverCore
 from .engine import EngineSim
 from .trainer import MicroBatchJob
+from .traj import SimTraj
 
 #: Faults that may fire in a row while no turn and no optimizer step finishes anywhere.
 FAULTS_WITHOUT_PROGRESS = 1000

@@ -15,9 +15,10 @@ from heapq import heappush
 from rlsched.cluster.events import TrajectoryFinished
 from rlsched.cluster.ids import GpuState, TrajStatus
 
-from .core import DriverCore, SimTraj
+from .core import DriverCore
 from .engine import EngineSim
 from .timers import NORMAL, Call
+from .traj import SimTraj
 
 _INF = float("inf")
 _QUEUED = TrajStatus.QUEUED

@@ -15,9 +15,10 @@ from rlsched.cluster.ids import Drain, GpuState, Role
 from rlsched.cluster.record import ids_text
 from rlsched.cluster.state import EngineState
 
-from .core import DriverCore, SimTraj
+from .core import DriverCore
 from .engine import EngineSim
 from .gpus import CODE
+from .traj import SimTraj
 from .turns import engine_touch
 
 

@@ -8,8 +8,9 @@ from rlsched.cluster.events import MicroBatchFinished, SyncFailed, TrainStepFini
 from rlsched.cluster.ids import GpuState
 from rlsched.cluster.record import ids_text
 
-from .core import DriverCore, SimTraj
+from .core import DriverCore
 from .trainer import MicroBatchJob, OptimizerJob
+from .traj import SimTraj
 
 
 class Training(DriverCore):

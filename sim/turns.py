@@ -44,7 +44,7 @@ _ROLLOUT_IDLE = GpuState.ROLLOUT_IDLE
 def wake_timer(d: Any, ev: Any) -> None:
     """Timer callback: the engine's earliest decode may have ended; end those turns."""
     d.events_processed += 1
-    d.now = now = d.env._now  # (Environment.now is a property around it)
+    now = d.now  # (set by DriverCore._run_until)
     if ev.__class__ is Call:
         eng: EngineSim = ev.a
         at = ev.b
@@ -117,7 +117,7 @@ def turn_done(d: Any, t: SimTraj, eng: EngineSim) -> None:
 def env_timer(d: Any, ev: Any) -> None:
     """Timer callback: a tool call returned; start the next turn (or queue for KV)."""
     d.events_processed += 1
-    d.now = now = d.env._now  # (Environment.now is a property around it)
+    now = d.now  # (set by DriverCore._run_until)
     if ev.__class__ is Call:
         t: SimTraj = ev.a
         token = ev.b
