@@ -12,6 +12,7 @@ from bisect import insort
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from .commands import (
     Command,
@@ -29,6 +30,7 @@ from .errors import InvariantViolation, PolicyError
 from .ids import EngineId, GpuId, Role, TaskId, TrajectoryId, TrajStatus
 from .view import EngineInfo, RolloutTotals, TrainerInfo, TrajectoryInfo
 
+_LOAD = attrgetter("load")
 _DISPATCHABLE = frozenset({TrajStatus.PENDING, TrajStatus.INTERRUPTED})
 _ACTIVE = frozenset({TrajStatus.QUEUED, TrajStatus.RUNNING})
 
@@ -95,6 +97,7 @@ class EngineState:
     kv_used: int = 0
     draining: bool = False
     syncing: bool = False
+    load: int = 0  # len(running) + len(queue), for least_loaded
     tally: RolloutTally | None = field(default=None, repr=False, compare=False)
 
     def info(self) -> EngineInfo:
@@ -105,6 +108,7 @@ class EngineState:
 
     def enqueue(self, tid: TrajectoryId, *, front: bool = False) -> None:
         """``tid`` waits for KV room here (at the head with ``front``)."""
+        self.load += 1
         t = self.tally
         if t is not None and not self.draining:
             t.live += 1
@@ -120,6 +124,8 @@ class EngineState:
         tid = self.queue.popleft()
         if admit:
             self.running.add(tid)
+        else:
+            self.load -= 1
         t = self.tally
         if t is not None and not self.draining:
             if not admit:
@@ -140,6 +146,7 @@ class EngineState:
                 t.with_queue -= 1  # type: ignore[union-attr]
         else:
             return
+        self.load -= 1
         if counted:
             t.live -= 1  # type: ignore[union-attr]
 
@@ -374,6 +381,9 @@ class ClusterState:
         (an engine changed without its methods)."""
         scan = RolloutTally()
         for es in self.engines_.values():
+            if es.load != len(es.running) + len(es.queue):
+                raise InvariantViolation(f"t={self._now:.3f}: engine {es.id} has load {es.load} but "
+                                         f"{len(es.running)} running + {len(es.queue)} queued")
             if not es.draining:
                 _count(scan, es, +1)
         t = self._tally
@@ -386,14 +396,12 @@ class ClusterState:
             raise InvariantViolation(f"t={self._now:.3f}: engine ids {t.active} / {t.ids} != scan {scan.active}")
 
     def least_loaded(self) -> EngineId:
-        best = min(
-            (s for s in self.engines_.values() if not s.draining),
-            key=lambda s: (len(s.running) + len(s.queue), s.id),
-            default=None,
-        )
-        if best is None:
+        """The active engine with the least load (running + queued), lowest id first."""
+        active = self._tally.active
+        if not active:
             raise PolicyError("Dispatch with no rollout engine: reassign GPUs to ROLLOUT first")
-        return best.id
+        # (min keeps the first of equal loads, and ``active`` is ascending)
+        return min(map(self.engines_.__getitem__, active), key=_LOAD).id
 
     def mark_active(self, tid: TrajectoryId, status: TrajStatus, engine: EngineId) -> None:
         t = self.trajs[tid]

@@ -41,8 +41,7 @@ class Roles(DriverCore):
             return
         if not tids:
             return
-        heap = [(len(es.running) + len(es.queue), es.id)
-                for es in self.state.engines_.values() if not es.draining]
+        heap = [(es.load, es.id) for es in self.state.engines_.values() if not es.draining]
         if not heap:
             self.state.least_loaded()  # raises the PolicyError for "no rollout engine"
         heapq.heapify(heap)
@@ -51,7 +50,7 @@ class Roles(DriverCore):
             eng = engines[heap[0][1]]
             self._dispatch(trajs[tid], eng)
             es = eng.es
-            heapq.heapreplace(heap, (len(es.running) + len(es.queue), eng.id))
+            heapq.heapreplace(heap, (es.load, eng.id))
 
     # -------------------------------------------------------------- roles
     def _reassign(self, gpus: tuple[int, ...], role: Role, drain: Drain) -> None:

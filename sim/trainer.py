@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True, slots=True)
 class MicroBatchJob:
@@ -59,11 +61,17 @@ class TrainerSim:
         """``gpus`` (ascending) as (first, count) runs of consecutive ids. Jobs run on the
         same GPUs until the trainer's set changes, so the last answer is kept."""
         if gpus is not self._runs_of and gpus != self._runs_of:
-            runs: list[tuple[int, int]] = []
-            for g in gpus:
-                if runs and runs[-1][0] + runs[-1][1] == g:
-                    runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-                else:
-                    runs.append((g, 1))
-            self._runs_of, self._runs = gpus, tuple(runs)
+            self._runs_of, self._runs = gpus, runs_of(gpus)
         return self._runs
+
+
+def runs_of(gpus: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Ascending ids as (first, count) runs of consecutive ids (in NumPy: elastic's
+    trainer holds hundreds of GPUs and its set changes an engine at a time)."""
+    if not gpus:
+        return ()
+    a = np.asarray(gpus)
+    cut = np.flatnonzero(np.diff(a) != 1) + 1
+    firsts = a[np.concatenate(([0], cut))]
+    counts = np.diff(np.concatenate(([0], cut, [len(a)])))
+    return tuple(zip(firsts.tolist(), counts.tolist(), strict=True))

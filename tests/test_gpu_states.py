@@ -9,6 +9,7 @@ import pytest
 
 from rlsched.cluster.ids import GpuState
 from rlsched.sim.gpus import GpuStates
+from rlsched.sim.trainer import runs_of as trainer_runs
 
 N = 16
 
@@ -79,3 +80,10 @@ def test_set_runs_records_what_set_records(seed):
     assert per_gpu(fast.rows) == per_gpu(slow.rows)
     assert a.busy_seconds == pytest.approx(b.busy_seconds)
     assert sum(r[1] for r in fast.rows) <= sum(r[1] for r in slow.rows)  # (never more rows)
+
+
+def test_trainer_runs_are_the_consecutive_runs_of_its_gpus():
+    rng = random.Random(0)
+    for _ in range(200):
+        gpus = sorted(rng.sample(range(64), rng.randint(0, 64)))
+        assert trainer_runs(tuple(gpus)) == runs_of(gpus)

@@ -64,7 +64,11 @@ def test_engine_ids_are_cached_until_an_engine_comes_drains_or_goes(st):
 
 def test_an_engine_changed_behind_the_tally_is_caught(st):
     st.engines_[0].running.add("t0")  # (not through its methods)
-    with pytest.raises(InvariantViolation, match=r"rollout tally .* \(3, 0, 0, 0\) != scan \(3, 1, 0, 0\)"):
+    with pytest.raises(InvariantViolation, match=r"engine 0 has load 0 but 1 running \+ 0 queued"):
+        st.check_totals()
+    st.engines_[0].running.clear()
+    st.engines_[1].kv_used = 7  # (not through set_kv)
+    with pytest.raises(InvariantViolation, match=r"rollout tally .* \(3, 0, 0, 0\) != scan \(3, 0, 0, 7\)"):
         st.check_totals()
 
 
