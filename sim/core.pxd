@@ -16,6 +16,9 @@ cdef class DriverCore:
     cdef public list _queue
     cdef public dict engines
     cdef public double[::1] gpu_busy
+    # the workload's per-turn arrays (SimTraj.first + turn)
+    cdef public const long long[::1] w_prompt, w_output
+    cdef public const double[::1] w_env
     # RunRecorder.interval_buffers (valid when iv_on)
     cdef public bint iv_on
     cdef public Py_ssize_t iv_cap

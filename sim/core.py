@@ -21,6 +21,7 @@ from functools import partial
 from heapq import heappop, heappush
 from typing import Any
 
+import numpy as np
 import simpy
 
 from rlsched.cluster.config import RunConfig
@@ -103,10 +104,17 @@ class DriverCore:
         )
         self.trajs: dict[str, SimTraj] = {}
         turns, truncated, tstates = workload.turns, workload.truncated, self.state.trajs
+        starts = workload.start
         for b in batches:
             for rid, t in b:
                 i = index[t]
-                self.trajs[rid] = SimTraj(rid, i, int(turns[i]), bool(truncated[i]), tstates[rid])
+                self.trajs[rid] = SimTraj(rid, i, int(starts[i]), int(turns[i]), bool(truncated[i]),
+                                          tstates[rid])
+        # per-turn data, read in place (see SimTraj): typed views when compiled (core.pxd),
+        # Python memoryviews (whose items are plain ints and floats) otherwise
+        self.w_prompt = memoryview(np.ascontiguousarray(workload.prompt, dtype=np.int64))
+        self.w_output = memoryview(np.ascontiguousarray(workload.output, dtype=np.int64))
+        self.w_env = memoryview(np.ascontiguousarray(workload.env, dtype=np.float64))
         self.engines: dict[int, EngineSim] = {}
         self.kv_pool = KvPool()  # KV reserved on the active engines (see EngineSim.count_in)
         self.state.use_kv_source(self.kv_pool_total)

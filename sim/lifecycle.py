@@ -40,8 +40,6 @@ class Lifecycle(DriverCore):
         if ts.status is _INTERRUPTED:
             st.mark_resumable(t.tid)
         st.mark_active(t.tid, _QUEUED, eng.id)
-        if t.prompts is None:
-            t.prompts, t.outputs, t.env_s = self.w.turn_lists(t.widx)
         if t.in_env:
             return  # interrupted in a tool call that still runs: it queues when the call returns
         if ts.turns_done == t.n_turns:  # interrupted in its last tool call, which has returned
@@ -57,8 +55,8 @@ class Lifecycle(DriverCore):
         trajs = self.trajs
         while queue and not es.draining:
             t = trajs[queue[0]]
-            i = t.ts.turns_done
-            need = t.ctx + t.prompts[i] + t.outputs[i]
+            row = t.first + t.ts.turns_done
+            need = t.ctx + self.w_prompt[row] + self.w_output[row]
             if need > eng.kv_capacity:
                 es.dequeue(admit=False)
                 self._finish(t, _TIMED_OUT, eng.id, note="context exceeds KV capacity")
@@ -83,7 +81,7 @@ class Lifecycle(DriverCore):
     def _start_turn(self, t: SimTraj, eng: EngineSim) -> bool:
         """Prefill the turn's new tokens and join the decode batch; False if it waits for
         its KV to arrive (the engine's GPU state is then not updated here)."""
-        p = t.prompts[t.ts.turns_done]
+        p = self.w_prompt[t.first + t.ts.turns_done]
         mid = t.mid_turn
         delay = 0.0
         if t.kv_cached:
@@ -108,7 +106,7 @@ class Lifecycle(DriverCore):
             # KV still in transit: the trajectory waits; the engine is not blocked.
             self._later(delay, self._join_after_transfer, t, (eng.id, new, cached, t.join_token))
             return False
-        eng.join(self.now, t, cached, new, t.outputs[t.ts.turns_done] - t.turn_progress)
+        eng.join(self.now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
         self._engine_touch(eng)
         eng.rearm(self.now)
         return True
@@ -121,7 +119,7 @@ class Lifecycle(DriverCore):
         self._join(t, self.engines[e], new, cached)
 
     def _join(self, t: SimTraj, eng: EngineSim, new: int, cached: int) -> None:
-        eng.join(self.now, t, cached, new, t.outputs[t.ts.turns_done] - t.turn_progress)
+        eng.join(self.now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
         self._engine_touch(eng)
         eng.rearm(self.now)
 
@@ -192,15 +190,13 @@ class Lifecycle(DriverCore):
             u.waiting_sandbox = False
             u.sandbox = True
             self.sandbox_free -= 1
-            env_s = u.env_s[u.ts.turns_done - 1] if u.env_s is not None else 0.0
+            env_s = self.w_env[u.first + u.ts.turns_done - 1]  # (the call of its last turn)
             if self.fault.hangs:
                 env_s = self._hang(u, env_s)
             self._env_later(u, env_s, u.env_token)
 
     # ------------------------------------------------------ leaving engines
     def _finish(self, t: SimTraj, status: TrajStatus, e: int, note: str = "") -> None:
-        if not t.in_env:  # (a tool call that runs on past an interrupt still needs env_s)
-            t.prompts = t.outputs = t.env_s = None  # free per-turn data
         t.kv_cached = False
         self.state.advance(self.now)
         self.state.mark_finished(t.tid, status)
@@ -239,7 +235,7 @@ class Lifecycle(DriverCore):
         es = eng.es
         t.join_token += 1  # cancels a pending KV-transfer join
         if t in eng.members:
-            produced = eng.leave(self.now, t, t.outputs[t.ts.turns_done] - t.turn_progress)
+            produced = eng.leave(self.now, t, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
             t.turn_progress += produced
             t.generated += produced
             eng.rearm(self.now)

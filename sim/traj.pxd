@@ -6,8 +6,7 @@ cimport cython
 @cython.final
 cdef class SimTraj:
     cdef public object tid, ts, callbacks
-    cdef public list prompts, outputs, env_s
-    cdef public Py_ssize_t widx, n_turns
+    cdef public Py_ssize_t widx, first, n_turns
     cdef public bint truncated, mid_turn, kv_cached, in_env, sandbox, waiting_sandbox
     cdef public long long ctx, charged, prompt_kept, output_kept, generated, wasted
     cdef public long long turn_progress, turn_version, env_token, join_token, timer_token

@@ -4,6 +4,10 @@ A plain class with ``__slots__`` so that the same source runs as Python and, whe
 package is built with Cython, as an extension type whose fields are C members
 (``traj.pxd``): the per-turn code in :mod:`.turns` then reads and writes them without
 attribute lookups. Keep the field list here and in ``traj.pxd`` in step.
+
+Its per-turn data (prompt and output tokens, tool seconds) stays in the workload's arrays:
+turn ``i`` is row ``first + i`` of the driver's ``w_prompt``/``w_output``/``w_env`` views
+(C arrays when compiled), so no Python object is made per turn, not even per dispatch.
 """
 
 from __future__ import annotations
@@ -24,21 +28,20 @@ class SimTraj:
     _ok = True  # (SimPy event protocol)
 
     __slots__ = (
-        "callbacks", "charged", "ctx", "env_s", "env_token", "fault_hits", "generated", "hung",
+        "callbacks", "charged", "ctx", "env_token", "fault_hits", "first", "generated", "hung",
         "in_env", "join_token", "kv_cached", "mid_turn", "moved_at", "n_turns", "output_kept",
-        "outputs", "prompt_kept", "prompts", "sandbox", "tid", "timer_token", "truncated", "ts",
+        "prompt_kept", "sandbox", "tid", "timer_token", "truncated", "ts",
         "turn_progress", "turn_version", "waiting_sandbox", "wasted", "widx",
     )
 
-    def __init__(self, tid: str, widx: int, n_turns: int, truncated: bool, ts: Any = None) -> None:
+    def __init__(self, tid: str, widx: int, first: int, n_turns: int, truncated: bool,
+                 ts: Any = None) -> None:
         self.tid = tid
         self.widx = widx  # index in the workload
+        self.first = first  # its first turn's row in the workload's per-turn arrays
         self.n_turns = n_turns
         self.truncated = truncated
         self.ts = ts  # its ClusterState.TrajState (status, engine, turns_done)
-        self.prompts: list[int] | None = None  # per-turn data while in flight
-        self.outputs: list[int] | None = None
-        self.env_s: list[float] | None = None
         self.ctx = 0  # tokens of finished, kept turns
         self.charged = -1  # tokens the trainer was charged for (-1: its whole context)
         self.prompt_kept = 0

@@ -68,8 +68,9 @@ def turn_done(d: Any, t: SimTraj, eng: EngineSim) -> None:
     """``t``'s turn on ``eng`` has generated its last token: keep it, start its tool call."""
     ts = t.ts
     i = ts.turns_done
-    p = t.prompts[i]
-    o = t.outputs[i]
+    row = t.first + i
+    p = d.w_prompt[row]
+    o = d.w_output[row]
     t.generated += o - t.turn_progress
     t.ctx += p + o
     t.prompt_kept += p
@@ -83,7 +84,7 @@ def turn_done(d: Any, t: SimTraj, eng: EngineSim) -> None:
         ts.min_version = v0
     if eng.version > ts.max_version:
         ts.max_version = eng.version
-    delay = t.env_s[i]
+    delay = d.w_env[row]
     if i + 1 == t.n_turns and not delay > 0.0:
         d._done_on(t, eng)
         return
@@ -149,8 +150,10 @@ def env_timer(d: Any, ev: Any) -> None:
                 d._pump()
             return
         eng.env_lru.pop(t, None)
-        p = t.prompts[i]
-        need = t.ctx + p + t.outputs[i]
+        row = t.first + i
+        p = d.w_prompt[row]
+        o = d.w_output[row]
+        need = t.ctx + p + o
         if need > eng.kv_capacity:
             eng.es.discard(t.tid)
             eng.release(t)
@@ -169,7 +172,7 @@ def env_timer(d: Any, ev: Any) -> None:
                 t.moved_at = -1.0
                 t.mid_turn = True
                 t.turn_version = eng.version
-                eng.join(now, t, cached, new, t.outputs[i] - t.turn_progress)
+                eng.join(now, t, cached, new, o - t.turn_progress)
                 if eng.gstate is not _GENERATE or eng.sync_end > now:
                     engine_touch(d, eng)
                 eng.rearm(now)
