@@ -172,6 +172,34 @@ class RunRecorder:
         if i + 1 >= self._flush_rows:
             self._flush_intervals()
 
+    def intervals(
+        self, firsts: array, counts: array, start: float, end: float, state: str, step: int = -1
+    ) -> None:
+        """:meth:`interval` for several GPU ranges with one start, end, state and step
+        (``firsts``/``counts``: ``array('i')`` of equal length), written as slices."""
+        if end <= start:
+            return
+        try:
+            code = GPU_STATE_CODE[state]
+        except KeyError:
+            raise ValueError(f"interval state {state!r}: expected one of {', '.join(GPU_STATE_NAMES)}") from None
+        iv, cap = self._iv, self._flush_rows
+        done, n = 0, len(firsts)
+        while done < n:
+            i = self._iv_n[0]
+            k = min(n - done, cap - i)
+            j = i + k
+            iv["gpu_first"][i:j] = firsts[done:done + k]
+            iv["gpu_count"][i:j] = counts[done:done + k]
+            iv["start"][i:j] = array("d", [start]) * k
+            iv["end"][i:j] = array("d", [end]) * k
+            iv["state"][i:j] = array("b", [code]) * k
+            iv["step"][i:j] = array("i", [step]) * k
+            self._iv_n[0] = j
+            done += k
+            if j >= cap:
+                self._flush_intervals()
+
     def interval_buffers(self) -> tuple[array, ...]:
         """The arrays :meth:`interval` writes rows into, in ``INTERVAL_SCHEMA`` order (the
         state as its index in :data:`GPU_STATE_NAMES`), then the one-element count of

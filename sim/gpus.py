@@ -24,15 +24,28 @@ VALUE = {s: s.value for s in GpuState}  # enum .value is a descriptor call; look
 CODE = {s: GPU_STATE_CODE[s.value] for s in GpuState}  # a state in the recorder's buffers
 
 
-class _Span:
-    """Consecutive trainer GPUs holding one open interval, owned like an engine's GPUs
-    (:meth:`GpuStates.claim`); unlike an engine's, the interval has a step."""
+class _Group:
+    """The trainer's GPUs (runs of consecutive ids) holding one open interval, owned like
+    an engine's GPUs (:meth:`GpuStates.claim`); unlike an engine's, the interval has a
+    step, and the group writes one row per run.
 
-    __slots__ = ("first_gpu", "gsince", "gstate", "gstep", "owns", "tp")
+    The trainer's GPUs change state twice per micro-batch, and the next micro-batch
+    usually starts at the instant the last one ends (train -> zero-length train-idle ->
+    train). The interval a change closes is therefore *held* until time moves on: if the
+    GPUs return to its state and step at the same instant, it simply continues (the
+    per-GPU timeline is the same; the record has one row per run per stretch of training
+    instead of one per micro-batch)."""
 
-    def __init__(self, first: int, count: int, state: GpuState, since: float, step: int) -> None:
-        self.first_gpu, self.tp = first, count
+    __slots__ = ("count", "counts", "firsts", "gsince", "gstate", "gstep", "held", "owns",
+                 "runs")
+
+    def __init__(self, runs: tuple[tuple[int, int], ...], state: GpuState, since: float, step: int) -> None:
+        self.runs = runs
+        self.firsts = array("i", [r[0] for r in runs])
+        self.counts = array("i", [r[1] for r in runs])
+        self.count = sum(self.counts)
         self.gstate, self.gsince, self.gstep = state, since, step
+        self.held: tuple[GpuState, float, int, float] | None = None  # (state, since, step, end)
         self.owns = False
 
 
@@ -45,14 +58,13 @@ class GpuStates:
         self.rec = recorder
         # GPU-seconds per state, indexed by CODE (engines add theirs in turns.engine_touch)
         self.busy = array("d", bytes(8 * len(CODE)))
-        self._spans: dict[tuple[int, int], _Span] = {}  # see set_runs
-        self._spans_of: tuple[tuple[int, int], ...] = ()
+        self._group: _Group | None = None  # the trainer's GPUs while they own their state
 
     # --------------------------------------------------------- ownership
     def claim(self, owner: Any) -> None:
-        """``owner`` (``first_gpu``, ``tp``, ``gstate``, ``gsince``, ``owns``) keeps the
-        state of its GPUs from now on; they must share one open interval (step -1, or a
-        :class:`_Span`'s ``gstep``) starting at ``owner.gsince`` in state ``owner.gstate``."""
+        """``owner`` (an engine: ``first_gpu``, ``tp``, ``gstate``, ``gsince``, ``owns``)
+        keeps the state of its GPUs from now on; they must share one open interval (step
+        -1) starting at ``owner.gsince`` in state ``owner.gstate``."""
         for g in range(owner.first_gpu, owner.first_gpu + owner.tp):
             self.owner[g] = owner
         owner.owns = True
@@ -61,13 +73,38 @@ class GpuStates:
         """Write ``owner``'s state back to its GPUs and stop it owning them."""
         if not owner.owns:
             return
+        if type(owner) is _Group:
+            self._release_group(owner)
+            return
         first, end = owner.first_gpu, owner.first_gpu + owner.tp
         n = end - first
         self.state[first:end] = [VALUE[owner.gstate]] * n
         self.since[first:end] = [owner.gsince] * n
-        self.step[first:end] = [owner.gstep if type(owner) is _Span else -1] * n
+        self.step[first:end] = [-1] * n
         self.owner[first:end] = [None] * n
         owner.owns = False
+
+    def _release_group(self, grp: _Group) -> None:
+        self._flush_held(grp)
+        st, since, step = VALUE[grp.gstate], grp.gsince, grp.gstep
+        for first, n in grp.runs:
+            end = first + n
+            self.state[first:end] = [st] * n
+            self.since[first:end] = [since] * n
+            self.step[first:end] = [step] * n
+            self.owner[first:end] = [None] * n
+        grp.owns = False
+        if self._group is grp:
+            self._group = None
+
+    def _flush_held(self, grp: _Group) -> None:
+        if grp.held is None:
+            return
+        state, since, step, end = grp.held
+        grp.held = None
+        self.busy[CODE[state]] += (end - since) * grp.count
+        if self.rec is not None:
+            self.rec.intervals(grp.firsts, grp.counts, since, end, VALUE[state], step)
 
     def state_of(self, gpu: int) -> str:
         o = self.owner[gpu]
@@ -107,27 +144,56 @@ class GpuStates:
 
     def set_runs(self, runs: tuple[tuple[int, int], ...], state: GpuState, now: float, step: int = -1) -> None:
         """:meth:`set` for the GPUs of ``runs`` ((first, count), ascending, disjoint): the
-        same intervals. The trainer's GPUs change state twice per micro-batch, run by run,
-        so each run owns its GPUs' state like an engine (:class:`_Span`) until someone
-        else touches them, and a change costs O(1) Python steps per run. Pass the same
+        same per-GPU timeline. The trainer's GPUs change state twice per micro-batch, so
+        while they share one open interval they own it as a :class:`_Group` until someone
+        else touches them; a change then costs O(1) Python steps, and a row per run is
+        written only when an interval really ends. When the trainer grows (GPUs join it
+        one engine at a time) only the joining GPUs are written one by one. Pass the same
         ``runs`` object while the trainer's GPUs stay the same (``TrainerSim.runs``)."""
-        spans = self._spans
-        if runs is not self._spans_of:  # (spans of runs no longer passed are released when touched)
-            spans = self._spans = {r: spans[r] for r in runs if r in spans}
-            self._spans_of = runs
+        grp = self._group
+        if grp is not None and grp.owns:
+            if grp.runs is runs or grp.runs == runs:
+                self._move(grp, state, now, step)
+                return
+            owner = self.owner
+            extra = [g for first, n in runs for g in range(first, first + n) if owner[g] is not grp]
+            if grp.count + len(extra) == sum(n for _, n in runs):  # (it only grew)
+                self._move(grp, state, now, step)
+                self.set(extra, state, now, step)
+                since, t0 = self.since, grp.gsince
+                if all(since[g] == t0 for g in extra):  # one open interval again: one group
+                    self._flush_held(grp)
+                    grp.owns = False
+                    self._own(runs, state, t0, step)
+                return
+            self.release(grp)
+        gpus = [g for first, n in runs for g in range(first, first + n)]
+        self.set(gpus, state, now, step)
         since = self.since
-        for r in runs:
-            sp = spans.get(r)
-            if sp is not None and sp.owns:
-                if sp.gstate is not state or sp.gstep != step:
-                    self._close(sp.first_gpu, sp.tp, (sp.gsince, VALUE[sp.gstate], sp.gstep), now)
-                    sp.gstate, sp.gsince, sp.gstep = state, now, step
-                continue
-            first, count = r
-            self.set(range(first, first + count), state, now, step)
-            if since[first:first + count].count(since[first]) == count:  # one open interval: own it
-                sp = spans[r] = _Span(first, count, state, since[first], step)
-                self.claim(sp)
+        if gpus and all(since[g] == since[gpus[0]] for g in gpus):  # one open interval: own it
+            self._own(runs, state, since[gpus[0]], step)
+
+    def _own(self, runs: tuple[tuple[int, int], ...], state: GpuState, since: float, step: int) -> None:
+        grp = self._group = _Group(runs, state, since, step)
+        for first, n in runs:
+            self.owner[first:first + n] = [grp] * n
+        grp.owns = True
+
+    def _move(self, grp: _Group, state: GpuState, now: float, step: int) -> None:
+        """The group's GPUs go to ``state`` (``step``) at ``now``."""
+        if grp.gstate is state and grp.gstep == step:
+            return
+        held = grp.held
+        if (grp.gsince == now and held is not None and held[3] == now
+                and held[0] is state and held[2] == step):
+            # back to the interval that ended at this instant: it continues
+            grp.gstate, grp.gsince, grp.gstep = state, held[1], step
+            grp.held = None
+            return
+        if now > grp.gsince:
+            self._flush_held(grp)
+            grp.held = (grp.gstate, grp.gsince, grp.gstep, now)
+        grp.gstate, grp.gsince, grp.gstep = state, now, step
 
     def _close(self, first: int, count: int, key: tuple[float, str, int], now: float) -> None:
         since, st, step = key

@@ -1,5 +1,5 @@
-"""GpuStates: the trainer's fast path (set_runs, with runs owning their GPUs' state)
-records the same per-GPU intervals as writing every GPU with set()."""
+"""GpuStates: the trainer's fast path (set_runs, with the trainer's GPUs owning their
+state as one group) records the same per-GPU intervals as writing every GPU with set()."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ class FakeRecorder:
     def interval(self, first: int, count: int, start: float, end: float, state: str, step: int = -1) -> None:
         if end > start:
             self.rows.append((first, count, start, end, state, step))
+
+    def intervals(self, firsts, counts, start: float, end: float, state: str, step: int = -1) -> None:
+        for first, count in zip(firsts, counts, strict=True):
+            self.interval(first, count, start, end, state, step)
 
 
 def per_gpu(rows: list[tuple]) -> list[tuple]:
@@ -48,7 +52,7 @@ def runs_of(gpus: list[int]) -> tuple[tuple[int, int], ...]:
     return tuple(runs)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(12))
 def test_set_runs_records_what_set_records(seed):
     rng = random.Random(seed)
     fast, slow = FakeRecorder(), FakeRecorder()
@@ -69,9 +73,17 @@ def test_set_runs_records_what_set_records(seed):
             state = rng.choice([GpuState.SWITCH, GpuState.FAILED, GpuState.TRAIN_IDLE])
             a.set(gpus, state, now)
             b.set(gpus, state, now)
-        elif op < 0.9:  # the trainer's set changes
+        elif op < 0.85:  # the trainer's set changes
             trainer = sorted(rng.sample(range(N), rng.randint(1, 12)))
             runs = runs_of(trainer)
+        elif op < 0.9:  # the trainer grows (an engine's GPUs join it, as in elastic's tail)
+            others = [g for g in range(N) if g not in trainer]
+            if others:
+                joining = rng.sample(others, rng.randint(1, min(3, len(others))))
+                a.set(joining, GpuState.TRAIN_IDLE, now)
+                b.set(joining, GpuState.TRAIN_IDLE, now)
+                trainer = sorted(trainer + joining)
+                runs = runs_of(trainer)
         else:  # someone reads a GPU
             g = rng.randrange(N)
             assert a.state_of(g) == b.state_of(g)
@@ -87,3 +99,21 @@ def test_trainer_runs_are_the_consecutive_runs_of_its_gpus():
     for _ in range(200):
         gpus = sorted(rng.sample(range(64), rng.randint(0, 64)))
         assert trainer_runs(tuple(gpus)) == runs_of(gpus)
+
+
+def test_back_to_back_micro_batches_are_one_interval_per_run():
+    rec = FakeRecorder()
+    g = GpuStates(N, rec)  # type: ignore[arg-type]
+    runs = ((0, 2), (4, 2))
+    g.set_runs(runs, GpuState.TRAIN_IDLE, 0.0)
+    for k in range(5):  # micro-batches of 1 s, the next starting as the last ends
+        g.set_runs(runs, GpuState.TRAIN, float(k), step=0)
+        g.set_runs(runs, GpuState.TRAIN_IDLE, float(k + 1))
+    g.set_runs(runs, GpuState.TRAIN, 7.0, step=1)  # after a 2 s wait, the next step
+    g.close_all(8.0)
+    train = sorted(r for r in rec.rows if r[4] == "train")
+    assert train == [(0, 2, 0.0, 5.0, "train", 0), (0, 2, 7.0, 8.0, "train", 1),
+                     (4, 2, 0.0, 5.0, "train", 0), (4, 2, 7.0, 8.0, "train", 1)]
+    assert sorted(r for r in rec.rows if r[4] == "train_idle") == [
+        (0, 2, 5.0, 7.0, "train_idle", -1), (4, 2, 5.0, 7.0, "train_idle", -1)]
+    assert g.busy_seconds == pytest.approx({"train": 4 * 6.0, "train_idle": 4 * 2.0, "idle": 12 * 8.0})
