@@ -245,10 +245,7 @@ class FaultMixin(DriverCore):
         tr.done_jobs = []
         tr.accumulated = []
         st.accumulated = tr.accumulated
-        leaving = dict(tr.leaving)  # GPUs that waited for the job to end leave now
-        tr.leaving.clear()
-        for g, (gid, role) in sorted(leaving.items()):  # type: ignore[misc]
-            self._start_switch((g,), gid, role)
+        self._release_leaving()  # GPUs that waited for the job to end leave now
         sched = self.fault.schedule
         restart = sched.restart_s if sched else 0.0
         lost += restart * len(tr.gpus)

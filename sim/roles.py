@@ -59,15 +59,31 @@ class Roles(DriverCore):
         self._switch_groups[gid] = [len(gpus), gpus, role]
         st = self.state
         by_engine: dict[int, list[int]] = {}
+        direct: list[int] = []  # not serving an engine nor held by a running trainer job
         for g in gpus:
             if st.roles[g] is Role.ROLLOUT:
                 by_engine.setdefault(st.engine_of(g), []).append(g)
             elif st.roles[g] is Role.TRAIN and self.trainer.running is not None:
                 self.trainer.leaving[g] = (gid, role)
             else:
-                self._start_switch((g,), gid, role)
+                direct.append(g)
+        if direct:  # they switch together (as live: one SwitchStart for them)
+            self._start_switch(tuple(direct), gid, role)
         for e in sorted(by_engine):
             self._drain_engine(self.engines[e], gid, role, drain)
+
+    def _release_leaving(self) -> None:
+        """The trainer's job ended (or was aborted): GPUs asked to leave training go now,
+        those of one Reassign together."""
+        leaving = self.trainer.leaving
+        if not leaving:
+            return
+        by_group: dict[tuple[int, Role], list[int]] = {}
+        for g, key in sorted(leaving.items()):
+            by_group.setdefault(key, []).append(g)  # type: ignore[arg-type]
+        leaving.clear()
+        for (gid, role), gs in by_group.items():
+            self._start_switch(tuple(gs), gid, role)
 
     def _drain_engine(self, eng: EngineSim, gid: int, role: Role, drain: Drain) -> None:
         es = eng.es
@@ -102,10 +118,12 @@ class Roles(DriverCore):
         st = self.state
         now = self.now
         switch_gid = self._switch_gid
+        roles = st.roles
+        training = [g for g in gpus if roles[g] is Role.TRAIN]
+        if training:
+            self.trainer.remove_all(training)
         for g in gpus:
-            if st.roles[g] is Role.TRAIN:
-                self.trainer.remove(g)
-            st.roles[g] = Role.SWITCHING
+            roles[g] = Role.SWITCHING
             switch_gid[g] = gid
         self.gpus.set(gpus, GpuState.SWITCH, now)
         if self.rec is not None:

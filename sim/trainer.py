@@ -50,6 +50,15 @@ class TrainerSim:
         self.gpus.remove(gpu)
         self._gpus = None
 
+    def remove_all(self, gpus: list[int]) -> None:
+        """:meth:`remove` for several GPUs (one pass: a whole trainer can leave at once)."""
+        out = set(gpus)
+        missing = out.difference(self.gpus)
+        if missing:
+            raise ValueError(f"GPUs {sorted(missing)} are not the trainer's")
+        self.gpus = [g for g in self.gpus if g not in out]
+        self._gpus = None
+
     def current(self) -> tuple[int, ...]:
         """The GPUs as a tuple: the same object until they change (so :meth:`runs` and
         ``GpuStates.set_runs`` recognise the set without comparing it)."""

@@ -148,8 +148,5 @@ class Training(DriverCore):
                 self.progress(st.version, st.num_steps, now)
             if st.version >= st.num_steps and not self._done.triggered:
                 self._done.succeed()
-        leaving = dict(tr.leaving)
-        tr.leaving.clear()
-        for g, (gid, role) in sorted(leaving.items()):
-            self._start_switch((g,), gid, role)
+        self._release_leaving()
         self._trainer_next()
