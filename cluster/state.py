@@ -189,6 +189,18 @@ class RoleList(list):
             self.by_role[r].add(g)
         self.changed: set[Role] = set(Role)  # roles whose cached tuple is stale
 
+    def assign(self, gpus: Iterable[GpuId], value: Role) -> None:
+        """``self[g] = value`` for each of ``gpus`` (one call for a whole role switch)."""
+        by_role, changed, get, put = self.by_role, self.changed, list.__getitem__, list.__setitem__
+        for g in gpus:
+            old = get(self, g)
+            if old is not value:
+                put(self, g, value)
+                by_role[old].discard(g)
+                by_role[value].add(g)
+                changed.add(old)
+        changed.add(value)
+
     def __setitem__(self, index, value) -> None:  # type: ignore[no-untyped-def]
         if not isinstance(index, int):
             raise TypeError("RoleList: assign one GPU at a time")
@@ -217,7 +229,7 @@ class ClusterState:
         self._num_gpus = num_gpus
         self._tp = tp
         self.max_staleness = max_staleness
-        self.roles: list[Role] = RoleList([Role.IDLE] * num_gpus)
+        self.roles: RoleList = RoleList([Role.IDLE] * num_gpus)
         self._by_role: dict[Role, tuple[GpuId, ...]] = {}
         # (add/remove with add_engine/remove_engine; see RolloutTally)
         self.engines_: dict[EngineId, EngineState] = {}
@@ -270,7 +282,7 @@ class ClusterState:
         return self.roles[gpu]
 
     def gpus_in(self, role: Role) -> tuple[GpuId, ...]:
-        roles: RoleList = self.roles  # type: ignore[assignment]
+        roles = self.roles
         if role in roles.changed:
             self._by_role[role] = tuple(sorted(roles.by_role[role]))
             roles.changed.discard(role)
@@ -293,6 +305,12 @@ class ClusterState:
             return self.engines_[engine].info()
         except KeyError:
             raise PolicyError(f"engine {engine} is not a rollout engine") from None
+
+    def engine_loads(self) -> tuple[tuple[EngineId, int], ...]:
+        """(id, running + queued) of every active engine, ascending id: what routing and
+        consolidation choose by, without an :class:`EngineInfo` per engine."""
+        engines = self.engines_
+        return tuple((e, engines[e].load) for e in self._tally.active)
 
     def trainer(self) -> TrainerInfo:
         return TrainerInfo(

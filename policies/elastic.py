@@ -41,7 +41,7 @@ from rlsched.cluster.events import (
 )
 from rlsched.cluster.ids import Drain, Role
 from rlsched.cluster.policy import Param
-from rlsched.cluster.view import ClusterView
+from rlsched.cluster.view import ClusterView, TrainerInfo
 
 from .common import back_to_rollout, idle_engines, usable
 from .registry import register
@@ -122,17 +122,18 @@ class Elastic:
             if gpus:
                 self._switching += 1  # start of the run: every GPU rolls out
                 return [Reassign(gpus, Role.ROLLOUT)]
+        tr = view.trainer()  # (the view does not change while the policy decides)
         if not cmds:  # (after a step, _after_step has already sent the trainer's GPUs back)
-            cmds += self._reclaim(view)
-        dispatched = self._dispatch(view) + self._resume(view)
+            cmds += self._reclaim(view, tr)
+        dispatched = self._dispatch(view, tr) + self._resume(view)
         cmds += dispatched
         leaving = {g for c in cmds if isinstance(c, Reassign) and c.role is not Role.TRAIN for g in c.gpus}
-        if not leaving or leaving.isdisjoint(view.trainer().gpus):
+        if not leaving or leaving.isdisjoint(tr.gpus):
             # (a micro-batch queued while the trainer's GPUs are being handed back would
             # start on whatever GPUs it gets later: wait until it has them)
-            cmds += self._train(view)
+            cmds += self._train(view, tr)
         if not dispatched:  # let new work settle on the engines before packing them
-            cmds += self._consolidate(view)
+            cmds += self._consolidate(view, tr)
         return cmds
 
     def _after_step(self, view: ClusterView, version: int) -> list[Command]:
@@ -162,7 +163,7 @@ class Elastic:
                 cmds.append(Reassign(part, role))
         return cmds
 
-    def _reclaim(self, view: ClusterView) -> list[Command]:
+    def _reclaim(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
         """Bring back trainer GPUs that have nothing to train until the next batch rolls out.
 
         :meth:`_after_step` hands back the GPUs the trainer holds when the step ends, but a
@@ -171,17 +172,16 @@ class Elastic:
         s = self._train_step
         if s >= view.num_steps or s < self._dispatched or self._opt_sent:
             return []  # the trainer's step is rolling out (or the run is over)
-        tr = view.trainer()
         if not tr.gpus or tr.busy or tr.queued_micro_batches or tr.queued_optimizer_steps:
             return []
         return self._to_rollout(view, tr.gpus)
 
     # ---------------------------------------------------------------- dispatch
-    def _dispatch(self, view: ClusterView) -> list[Command]:
+    def _dispatch(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
         """Dispatch every batch the weights on the engines allow, once engines are settled."""
         if self._syncing or self._switching or not view.engines():
             return []
-        held = len(view.trainer().gpus)
+        held = len(tr.gpus)
         if held > (self.train_share * view.num_gpus if self.staleness else 0):
             return []  # the trainer's GPUs come back first, so the batch spreads over them
         cmds: list[Command] = []
@@ -202,11 +202,10 @@ class Elastic:
         return [Dispatch(stopped)] if stopped else []
 
     # ---------------------------------------------------------------- training
-    def _train(self, view: ClusterView) -> list[Command]:
+    def _train(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
         s = self._train_step
         if s >= view.num_steps or s >= self._dispatched or self._opt_sent:
             return []
-        tr = view.trainer()
         if not tr.gpus or tr.queued_micro_batches:
             return []
         ready = view.finished(s)
@@ -228,7 +227,7 @@ class Elastic:
         return []
 
     # ----------------------------------------------------------- consolidation
-    def _consolidate(self, view: ClusterView) -> list[Command]:
+    def _consolidate(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
         """Release engines the live trajectories no longer need, if training can use them."""
         if self._switching or self._syncing or self._opt_sent:
             return []
@@ -242,7 +241,7 @@ class Elastic:
         # Rollout over and no GPU trains: unless an engine goes to the trainer now, nothing
         # ever happens again (tail=0 never sees a tail; min_engines >= engines never
         # releases one). Training then gets at least one engine.
-        stuck = live == 0 and view.unfinished(s) == 0 and not view.trainer().gpus
+        stuck = live == 0 and view.unfinished(s) == 0 and not tr.gpus
         floor = min(self.min_engines, totals.engines - 1) if stuck else self.min_engines
         if (self.staleness == 0 and live == 0 and view.unfinished(s) == 0
                 and not view.interrupted(s)):
@@ -252,7 +251,7 @@ class Elastic:
             floor = 0
         if totals.engines <= floor:
             return []
-        if not (view.finished(s) or self._in_micro):
+        if not (self._in_micro or view.finished(s)):
             return []  # nothing to train yet: freed GPUs would only wait
         if totals.engines_with_queue:
             return []  # engines are saturated (KV full): shrinking would only lengthen queues
@@ -270,7 +269,7 @@ class Elastic:
         by_load = math.ceil(live / (self.pack * self._per_engine))
         by_kv = math.ceil(kv / (self.kv_limit * cap)) if cap else len(ids)
         keep = max(floor, by_load, by_kv)
-        if self.staleness and not view.trainer().gpus:
+        if self.staleness and not tr.gpus:
             total = view.num_gpus // view.tp
             keep = min(keep, total - max(1, round(total * self.train_share)))
             keep = max(floor, keep)
@@ -279,8 +278,8 @@ class Elastic:
         release = len(ids) - keep
         if release <= 0:
             return []
-        engines = [view.engine(e) for e in ids]
-        victims = sorted(engines, key=lambda e: (e.load, -e.id))[:release]
-        gpus = tuple(g for e in sorted(victims, key=lambda e: e.id) for g in e.gpus)
+        # the least loaded go (of equal loads, the highest ids)
+        victims = sorted(view.engine_loads(), key=lambda el: (el[1], -el[0]))[:release]
+        gpus = tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
         self._switching += 1
         return [Reassign(gpus, Role.TRAIN, Drain(self.drain))]

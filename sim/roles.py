@@ -122,8 +122,8 @@ class Roles(DriverCore):
         training = [g for g in gpus if roles[g] is Role.TRAIN]
         if training:
             self.trainer.remove_all(training)
+        roles.assign(gpus, Role.SWITCHING)
         for g in gpus:
-            roles[g] = Role.SWITCHING
             switch_gid[g] = gid
         self.gpus.set(gpus, GpuState.SWITCH, now)
         if self.rec is not None:
@@ -144,8 +144,8 @@ class Roles(DriverCore):
             gpus = tuple(g for g in gpus if switch_gid.get(g) == gid)
             if not gpus:
                 return
+        st.roles.assign(gpus, role)
         for g in gpus:
-            st.roles[g] = role
             del switch_gid[g]
         if role is Role.ROLLOUT:
             for e in sorted({st.engine_of(g) for g in gpus}):

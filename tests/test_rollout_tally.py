@@ -96,3 +96,27 @@ def test_interrupted_is_the_interrupted_part_of_finished(st):
     st.mark_finished("t0", TrajStatus.INTERRUPTED)  # interrupted again: last in finish order
     assert st.interrupted(0) == ("t0",) and st.finished(0) == ("t1", "t0")
     assert st.interrupted(1) == () and st.interrupted(-1) == ()
+
+
+def test_engine_loads_are_the_active_engines_running_plus_queued(st):
+    st.engines_[0].enqueue("t0")
+    st.engines_[0].dequeue(admit=True)
+    st.engines_[0].enqueue("t1")
+    st.engines_[2].enqueue("t2")
+    assert st.engine_loads() == ((0, 2), (1, 0), (2, 1))
+    assert st.engine_loads() == tuple((e, st.engine(e).load) for e in st.engines())
+    st.engines_[0].drain()
+    assert st.engine_loads() == ((1, 0), (2, 1))
+
+
+def test_role_list_assign_keeps_the_gpus_of_each_role(st):
+    from rlsched.cluster.ids import Role
+
+    st.roles.assign((0, 1, 2, 3), Role.ROLLOUT)
+    st.roles[5] = Role.TRAIN
+    st.roles.assign((3, 5, 6), Role.SWITCHING)
+    assert st.gpus_in(Role.ROLLOUT) == (0, 1, 2)
+    assert st.gpus_in(Role.SWITCHING) == (3, 5, 6)
+    assert st.gpus_in(Role.TRAIN) == ()
+    assert st.gpus_in(Role.IDLE) == (4, 7)
+    assert [st.role(g) for g in range(8)] == [Role.ROLLOUT] * 3 + [Role.SWITCHING, Role.IDLE] + [Role.SWITCHING] * 2 + [Role.IDLE]
