@@ -184,7 +184,7 @@ class DriverCore:
                     f'No scheduled events left but "until" event was not triggered: {until}')
             now, _, _, event = heappop(queue)
             self.now = now
-            cls = event.__class__
+            cls = type(event)
             if cls is SimTraj:
                 t = event
                 callbacks = t.callbacks

@@ -45,7 +45,7 @@ def wake_timer(d: Any, ev: Any) -> None:
     """Timer callback: the engine's earliest decode may have ended; end those turns."""
     d.events_processed += 1
     now = d.now  # (set by DriverCore._run_until)
-    if ev.__class__ is Call:
+    if type(ev) is Call:
         eng: EngineSim = ev.a
         at = ev.b
     else:
@@ -119,7 +119,7 @@ def env_timer(d: Any, ev: Any) -> None:
     """Timer callback: a tool call returned; start the next turn (or queue for KV)."""
     d.events_processed += 1
     now = d.now  # (set by DriverCore._run_until)
-    if ev.__class__ is Call:
+    if type(ev) is Call:
         t: SimTraj = ev.a
         token = ev.b
     else:
