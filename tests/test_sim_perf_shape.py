@@ -41,7 +41,8 @@ def test_events_follow_turns_not_tokens_or_gpus(spec):
         assert 1.8 <= value <= 3.0
 
 
-def test_ctrl_c_stops_cleanly_and_records_incomplete(tmp_path):
+@pytest.mark.parametrize("spec", ["colocated", "elastic"])
+def test_ctrl_c_stops_cleanly_and_records_incomplete(tmp_path, spec):
     w, b = synthetic(8, 6, 1.0, steps=4)
     seen = []
 
@@ -50,7 +51,7 @@ def test_ctrl_c_stops_cleanly_and_records_incomplete(tmp_path):
         if done == 2:
             raise KeyboardInterrupt
 
-    out = simulate(w, b, make_policy("colocated"), RunConfig(gpus=16, tp=4, steps=4), CostModel(),
+    out = simulate(w, b, make_policy(spec), RunConfig(gpus=16, tp=4, steps=4), CostModel(),
                    out_dir=tmp_path / "run", progress=progress)
     assert seen == [1, 2]
     assert not out.result.complete
