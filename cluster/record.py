@@ -107,6 +107,13 @@ STEP_COLUMNS = {
 }
 
 
+def _state_code(state: str) -> int:
+    try:
+        return GPU_STATE_CODE[state]
+    except KeyError:
+        raise ValueError(f"interval state {state!r}: expected one of {', '.join(GPU_STATE_NAMES)}") from None
+
+
 class RunRecorder:
     """Collects events and intervals in columns and flushes them in row groups, so a
     seed-scale run never holds millions of Python tuples.
@@ -157,10 +164,7 @@ class RunRecorder:
     ) -> None:
         if end <= start:
             return
-        try:
-            code = GPU_STATE_CODE[state]
-        except KeyError:
-            raise ValueError(f"interval state {state!r}: expected one of {', '.join(GPU_STATE_NAMES)}") from None
+        code = _state_code(state)
         iv, i = self._iv, self._iv_n[0]
         iv["gpu_first"][i] = gpu_first
         iv["gpu_count"][i] = gpu_count
@@ -179,10 +183,7 @@ class RunRecorder:
         (``firsts``/``counts``: ``array('i')`` of equal length), written as slices."""
         if end <= start:
             return
-        try:
-            code = GPU_STATE_CODE[state]
-        except KeyError:
-            raise ValueError(f"interval state {state!r}: expected one of {', '.join(GPU_STATE_NAMES)}") from None
+        code = _state_code(state)
         iv, cap = self._iv, self._flush_rows
         done, n = 0, len(firsts)
         while done < n:

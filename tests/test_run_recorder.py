@@ -45,6 +45,24 @@ def test_rows_written_by_call_and_by_buffer_keep_their_order_across_flushes(tmp_
     assert list(read_run(tmp_path, tables=("intervals",)).intervals["state"][:2]) == ["tool_wait", "generate"]
 
 
+def test_several_ranges_of_one_interval_split_across_flushes(tmp_path):
+    from array import array
+
+    rec = RunRecorder(tmp_path, flush_rows=3)
+    rec.interval(40, 1, 0.0, 1.0, "idle")
+    rec.intervals(array("i", [0, 4, 8, 12, 16, 20, 24]), array("i", [2, 1, 3, 1, 1, 2, 4]),
+                  1.0, 2.5, "train", 3)
+    rec.intervals(array("i", [0]), array("i", [2]), 2.5, 2.5, "train", 3)  # empty: not written
+    _close(rec)
+    table = pq.read_table(tmp_path / "intervals.parquet")
+    assert pq.ParquetFile(tmp_path / "intervals.parquet").num_row_groups == 3
+    got = list(zip(*(table.column(c).to_pylist() for c in INTERVAL_SCHEMA.names), strict=True))
+    assert got == [(40, 1, 0.0, 1.0, "idle", -1)] + [
+        (f, c, 1.0, 2.5, "train", 3) for f, c in zip([0, 4, 8, 12, 16, 20, 24], [2, 1, 3, 1, 1, 2, 4], strict=True)]
+    with pytest.raises(ValueError, match="interval state 'napping'"):
+        rec.intervals(array("i", [0]), array("i", [1]), 0.0, 1.0, "napping")
+
+
 def test_bad_interval_state_and_flush_size_are_refused(tmp_path):
     rec = RunRecorder(tmp_path / "a")
     with pytest.raises(ValueError, match=r"interval state 'napping': expected one of generate, tool_wait"):
