@@ -199,18 +199,12 @@ class RoleList(list):
                 by_role[old].discard(g)
                 by_role[value].add(g)
                 changed.add(old)
-        changed.add(value)
+                changed.add(value)
 
     def __setitem__(self, index, value) -> None:  # type: ignore[no-untyped-def]
         if not isinstance(index, int):
-            raise TypeError("RoleList: assign one GPU at a time")
-        old = self[index]
-        super().__setitem__(index, value)
-        if old is not value:
-            self.by_role[old].discard(index)
-            self.by_role[value].add(index)
-            self.changed.add(old)
-            self.changed.add(value)
+            raise TypeError("RoleList: assign one GPU at a time (or use assign)")
+        self.assign((index,), value)
 
 
 class ClusterState:

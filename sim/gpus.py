@@ -27,17 +27,9 @@ CODE = {s: GPU_STATE_CODE[s.value] for s in GpuState}  # a state in the recorder
 class _Group:
     """The trainer's GPUs (runs of consecutive ids) holding one open interval, owned like
     an engine's GPUs (:meth:`GpuStates.claim`); unlike an engine's, the interval has a
-    step, and the group writes one row per run.
+    step, and closing it writes one row per run."""
 
-    The trainer's GPUs change state twice per micro-batch, and the next micro-batch
-    usually starts at the instant the last one ends (train -> zero-length train-idle ->
-    train). The interval a change closes is therefore *held* until time moves on: if the
-    GPUs return to its state and step at the same instant, it simply continues (the
-    per-GPU timeline is the same; the record has one row per run per stretch of training
-    instead of one per micro-batch)."""
-
-    __slots__ = ("count", "counts", "firsts", "gsince", "gstate", "gstep", "held", "owns",
-                 "runs")
+    __slots__ = ("count", "counts", "firsts", "gsince", "gstate", "gstep", "owns", "runs")
 
     def __init__(self, runs: tuple[tuple[int, int], ...], state: GpuState, since: float, step: int) -> None:
         self.runs = runs
@@ -45,7 +37,6 @@ class _Group:
         self.counts = array("i", [r[1] for r in runs])
         self.count = sum(self.counts)
         self.gstate, self.gsince, self.gstep = state, since, step
-        self.held: tuple[GpuState, float, int, float] | None = None  # (state, since, step, end)
         self.owns = False
 
 
@@ -85,7 +76,6 @@ class GpuStates:
         owner.owns = False
 
     def _release_group(self, grp: _Group) -> None:
-        self._flush_held(grp)
         st, since, step = VALUE[grp.gstate], grp.gsince, grp.gstep
         for first, n in grp.runs:
             end = first + n
@@ -96,15 +86,6 @@ class GpuStates:
         grp.owns = False
         if self._group is grp:
             self._group = None
-
-    def _flush_held(self, grp: _Group) -> None:
-        if grp.held is None:
-            return
-        state, since, step, end = grp.held
-        grp.held = None
-        self.busy[CODE[state]] += (end - since) * grp.count
-        if self.rec is not None:
-            self.rec.intervals(grp.firsts, grp.counts, since, end, VALUE[state], step)
 
     def state_of(self, gpu: int) -> str:
         o = self.owner[gpu]
@@ -146,8 +127,8 @@ class GpuStates:
         """:meth:`set` for the GPUs of ``runs`` ((first, count), ascending, disjoint): the
         same per-GPU timeline. The trainer's GPUs change state twice per micro-batch, so
         while they share one open interval they own it as a :class:`_Group` until someone
-        else touches them; a change then costs O(1) Python steps, and a row per run is
-        written only when an interval really ends. When the trainer grows (GPUs join it
+        else touches them; a change then costs O(1) Python steps (plus a row per run of
+        the interval it ends, written as slices). When the trainer grows (GPUs join it
         one engine at a time) only the joining GPUs are written one by one. Pass the same
         ``runs`` object while the trainer's GPUs stay the same (``TrainerSim.runs``)."""
         grp = self._group
@@ -162,7 +143,6 @@ class GpuStates:
                 self.set(extra, state, now, step)
                 since, t0 = self.since, grp.gsince
                 if all(since[g] == t0 for g in extra):  # one open interval again: one group
-                    self._flush_held(grp)
                     grp.owns = False
                     self._own(runs, state, t0, step)
                 return
@@ -183,16 +163,11 @@ class GpuStates:
         """The group's GPUs go to ``state`` (``step``) at ``now``."""
         if grp.gstate is state and grp.gstep == step:
             return
-        held = grp.held
-        if (grp.gsince == now and held is not None and held[3] == now
-                and held[0] is state and held[2] == step):
-            # back to the interval that ended at this instant: it continues
-            grp.gstate, grp.gsince, grp.gstep = state, held[1], step
-            grp.held = None
-            return
-        if now > grp.gsince:
-            self._flush_held(grp)
-            grp.held = (grp.gstate, grp.gsince, grp.gstep, now)
+        since = grp.gsince
+        if now > since:
+            self.busy[CODE[grp.gstate]] += (now - since) * grp.count
+            if self.rec is not None:
+                self.rec.intervals(grp.firsts, grp.counts, since, now, VALUE[grp.gstate], grp.gstep)
         grp.gstate, grp.gsince, grp.gstep = state, now, step
 
     def _close(self, first: int, count: int, key: tuple[float, str, int], now: float) -> None:

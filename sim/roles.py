@@ -41,7 +41,7 @@ class Roles(DriverCore):
             return
         if not tids:
             return
-        heap = [(es.load, es.id) for es in self.state.engines_.values() if not es.draining]
+        heap = [(load, e) for e, load in self.state.engine_loads()]
         if not heap:
             self.state.least_loaded()  # raises the PolicyError for "no rollout engine"
         heapq.heapify(heap)
