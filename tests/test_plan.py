@@ -143,15 +143,17 @@ def test_same_seed_same_plan_whatever_the_workers(tmp_path: Path) -> None:
 
 def test_budget_stops_the_search(tmp_path: Path) -> None:
     """A budget too small for the search still runs each arm's defaults (one generation
-    of trials), then stops."""
+    of trials), then stops. The budget is 60 microseconds: the plan's first simulation
+    alone takes longer on any machine (0.001 minutes, used before, is 60 ms, which a
+    fast CI host beat with the compiled simulator, so the over-budget note was missing)."""
     path, df = _trace(tmp_path)
-    res = plan(_request(path, df, max_trials=None, budget_minutes=0.001, policies=("async",)),
+    res = plan(_request(path, df, max_trials=None, budget_minutes=1e-6, policies=("async",)),
                tmp_path / "out")
     assert res.search.stopped_by == "budget"
     assert res.search.distinct == BATCH
     arms = build_arms(("async",), 1, 4)
     assert {t.arm for t in res.search.trials[: len(arms)]} == {a.key for a in arms}
-    assert any("more than the 0.001-minute budget" in n for n in res.notes)
+    assert any("more than the 1e-06-minute budget" in n for n in res.notes)
 
 
 # ------------------------------------------------------------------ pieces
