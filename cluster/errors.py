@@ -38,6 +38,13 @@ class LiveBackendError(RlschedError):
     """The live backend cannot start: missing extra, no free slots, bad checkpoint."""
 
 
+class Interrupted(RlschedError):
+    """The user stopped the work (Ctrl-C) after part of it was written. ``str(err)`` says
+    what was kept and where; the command line exits with 130, the shell's code for SIGINT."""
+
+    exit_code = 130
+
+
 class InvariantViolation(RuntimeError):
     """A driver or policy broke an invariant (GPU in two roles, a lost trajectory, tokens
     not conserved, time going backwards, staleness over the bound). Always a bug, never

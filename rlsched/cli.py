@@ -11,7 +11,7 @@ import sys
 
 import typer
 
-from rlsched.cluster.errors import RlschedError
+from rlsched.cluster.errors import Interrupted, RlschedError
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     app = build_app()
     try:
         app(args=argv, prog_name="rlsched", standalone_mode=False)
+    except Interrupted as err:  # Ctrl-C after part of the work was written: say what was kept
+        typer.echo(f"rlsched: interrupted: {err}", err=True)
+        return err.exit_code
     except RlschedError as err:
         typer.echo(f"rlsched: error: {err}", err=True)
         return err.exit_code

@@ -2,8 +2,14 @@
 
 Everything a user can get wrong (trace, config, policy specs, cost file, output folder)
 is checked before the first simulation starts, and results are written to a temporary
-sibling folder that is renamed into place only when complete -- so a failed or
-interrupted compare never leaves a half-written output directory.
+sibling folder that is renamed into place only when complete -- so a failed compare
+never leaves a half-written output directory.
+
+Ctrl-C is the exception, because a seed-scale replay runs for minutes and what it has
+simulated is worth keeping: the simulator stops where it is, and compare stops there too
+(the policies not yet run are not started). The runs finished so far and the interrupted
+one, its record marked ``complete: false``, are published with their ``summary.csv`` rows
+(column ``complete``); the report is skipped, and :class:`Interrupted` says what was kept.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from rlsched.cluster.config import RunConfig
-from rlsched.cluster.errors import ConfigError
+from rlsched.cluster.errors import ConfigError, Interrupted
 from rlsched.policies import canonical_spec, make_policy
 from rlsched.sim.cost import CostModel
 from rlsched.sim.run import simulate
@@ -79,17 +85,18 @@ def compare(
     progress: StepProgress | None = None,
     report: bool = True,
 ) -> pd.DataFrame:
-    """Run every policy of ``plan``; write run records, summary.csv and the report."""
-    from rlsched.analysis.metrics import summarize
+    """Run every policy of ``plan``; write run records, summary.csv and the report.
 
+    Raises :class:`Interrupted` after publishing what was simulated when Ctrl-C stopped a
+    run (see the module docstring), ``KeyboardInterrupt`` when nothing was kept."""
     df = load_trace(plan.trace_path)
     policies = [make_policy(s) for s in plan.specs]  # fail on a bad spec before any work
     batches = draw_batches(df, plan.config.steps, plan.config.tasks_per_step, plan.config.samples_per_task)
     workload = Workload.from_frame(df)
     tmp = prepare_out_dir(out, force)
     try:
-        rows = []
-        run_dirs = []
+        run_dirs: list[Path] = []
+        stopped: tuple[int, str] | None = None  # (index of the policy stopped, what happened)
         for i, policy in enumerate(policies):
             spec = canonical_spec(policy)
             rd = tmp / "runs" / run_dir_name(plan.specs[i], i)
@@ -97,24 +104,27 @@ def compare(
             if progress is not None:
                 def cb(done: int, total: int, now: float, _s: str = plan.specs[i]) -> None:
                     progress(_s, done, total, now)
-            simulate(
-                workload, batches, policy, plan.config, plan.cost, out_dir=rd, spec=spec,
-                meta={"trace": str(plan.trace_path), "spec_as_given": plan.specs[i]},
-                progress=cb,
-            )
+            try:
+                outcome = simulate(
+                    workload, batches, policy, plan.config, plan.cost, out_dir=rd, spec=spec,
+                    meta={"trace": str(plan.trace_path), "spec_as_given": plan.specs[i]},
+                    progress=cb,
+                )
+            except KeyboardInterrupt:  # after the event loop (bound, record): no usable record
+                shutil.rmtree(rd, ignore_errors=True)
+                stopped = (i, f"{plan.specs[i]} was stopped while its run record was being written")
+                break
             run_dirs.append(rd)
-        from rlsched.cluster.record import read_run
-
-        for i, rd in enumerate(run_dirs):
-            row = summarize(read_run(rd))
-            row["policy"] = plan.specs[i]
-            row["run_dir"] = str(Path("runs") / rd.name)
-            rows.append(row)
-        summary = pd.DataFrame(rows)
-        cols = [c for c in SUMMARY_COLUMNS if c in summary.columns]
-        summary = summary[cols + [c for c in summary.columns if c not in cols]]
+            r = outcome.result
+            if not r.complete:
+                stopped = (i, f"{plan.specs[i]} stopped at step {r.state.version}/{len(batches)} "
+                              f"(simulated t={r.makespan:,.0f}s)")
+                break
+        if stopped is not None and not run_dirs:
+            raise KeyboardInterrupt
+        summary = _summary(plan, run_dirs)
         summary.to_csv(tmp / "summary.csv", index=False)
-        if report:
+        if report and stopped is None:
             from rlsched.analysis.report import write_report
 
             write_report(run_dirs, tmp, title=f"rlsched compare: {plan.trace_path.name}")
@@ -122,7 +132,30 @@ def compare(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if stopped is not None:
+        not_run = plan.specs[stopped[0] + 1:]
+        raise Interrupted(
+            f"{stopped[1]}; wrote {len(run_dirs)} run record(s) and summary.csv to {out} "
+            f"(incomplete runs have complete=False)"
+            + (f"; not run: {', '.join(not_run)}" if not_run else "")
+            + f"; no report (make one with: rlsched report {out}/runs/* --out DIR)"
+        )
     return summary
+
+
+def _summary(plan: ComparePlan, run_dirs: Sequence[Path]) -> pd.DataFrame:
+    from rlsched.analysis.metrics import summarize
+    from rlsched.cluster.record import read_run
+
+    rows = []
+    for i, rd in enumerate(run_dirs):
+        row = summarize(read_run(rd))
+        row["policy"] = plan.specs[i]
+        row["run_dir"] = str(Path("runs") / rd.name)
+        rows.append(row)
+    summary = pd.DataFrame(rows)
+    cols = [c for c in SUMMARY_COLUMNS if c in summary.columns]
+    return summary[cols + [c for c in summary.columns if c not in cols]]
 
 
 def resolve_specs(policy: Sequence[str], policies: str | None, from_config: Sequence[str]) -> tuple[str, ...]:

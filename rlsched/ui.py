@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
@@ -23,13 +25,44 @@ def console_out() -> Console:
     return out if out.is_terminal else Console(width=200)
 
 
+PROGRESS_SECONDS_ENV = "RLSCHED_PROGRESS_SECONDS"
+PROGRESS_SECONDS = 10.0  # off a terminal: at most one line per policy this often
+
+
+def progress_interval() -> float:
+    """Seconds between plain progress lines off a terminal (``RLSCHED_PROGRESS_SECONDS``;
+    0 prints every step)."""
+    raw = os.environ.get(PROGRESS_SECONDS_ENV, "")
+    try:
+        return max(0.0, float(raw)) if raw else PROGRESS_SECONDS
+    except ValueError:
+        return PROGRESS_SECONDS
+
+
 @contextmanager
 def step_progress(specs: Sequence[str], steps: int) -> Iterator:
-    """Yield a ``(policy, done, total, sim_time)`` callback driving one bar per policy."""
+    """Yield a ``(policy, done, total, sim_time)`` callback: one bar per policy on a
+    terminal; elsewhere (CI logs, ``nohup``, a pipe) a plain stderr line per policy at most
+    every :func:`progress_interval` seconds and at its last step, so a seed-scale replay
+    that runs for minutes still shows where it is."""
+    if not console_err().is_terminal:
+        every, t0 = progress_interval(), time.monotonic()
+        last: dict[str, float] = {}
+
+        def line(spec: str, done: int, total: int, now: float) -> None:
+            wall = time.monotonic()
+            if done < total and wall - last.get(spec, t0) < every:
+                return
+            last[spec] = wall
+            print(f"{spec}: step {done}/{total}  sim t={now:,.0f}s  wall {wall - t0:,.1f}s",
+                  file=console_err().file, flush=True)
+
+        yield line
+        return
     progress = Progress(
         TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("steps  sim t={task.fields[now]:>9.0f}s"), TimeElapsedColumn(),
-        console=console_err(), transient=False, disable=not console_err().is_terminal,
+        console=console_err(), transient=False,
     )
     tasks = {s: progress.add_task(s[:40], total=steps, now=0.0) for s in specs}
 

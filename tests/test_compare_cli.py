@@ -128,3 +128,15 @@ def test_help_shows_config_tables_literally(capsys):
     assert main(["run", "--help"]) == 0
     out = capsys.readouterr().out
     assert "[cluster] [run] [cost] [[policy]]" in out and "first [[policy]]" in out
+
+
+def test_progress_off_a_terminal_is_plain_lines(tmp_path, small_trace, capsys, monkeypatch):
+    """Off a terminal there is no bar: a policy's last step is always a line; every step is
+    one only when RLSCHED_PROGRESS_SECONDS=0 (the default is one line per 10 s)."""
+    assert _compare(tmp_path / "a", small_trace, "--policies", "colocated,async") == 0
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ": step " in ln]
+    assert [ln.split("  ")[0] for ln in lines] == ["colocated: step 2/2", "async: step 2/2"]
+    monkeypatch.setenv("RLSCHED_PROGRESS_SECONDS", "0")
+    assert _compare(tmp_path / "b", small_trace, "--policies", "colocated") == 0
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ": step " in ln]
+    assert [ln.split("  ")[0] for ln in lines] == ["colocated: step 1/2", "colocated: step 2/2"]
