@@ -71,6 +71,9 @@ class Partial:
         self._cut = False
         self._budget_passed = False
         self._carried: tuple[str, ...] = ()  # interrupted in the previous step, resumed now
+        # the carried trajectories not finished since this step dispatched them: a set kept
+        # per event, because rescanning the carried ones on every finish was O(batch^2) a step
+        self._carried_open: set[str] = set()
         # worker failures (see policies.common): what this policy cut itself vs. what a
         # failed GPU stopped (resumed at once elsewhere), and one dispatch/train per step
         self._cut_ids: frozenset[str] = frozenset()
@@ -94,6 +97,7 @@ class Partial:
                     self._dispatched = self._step
                     self._rolling_out, self._cut, self._budget_passed = True, False, False
                     self._cut_ids = frozenset()
+                    self._carried_open = set(self._carried)
                     cmds.append(Dispatch(self._carried + view.batch(self._step)))
                     if self.budget_s > 0:
                         cmds.append(SetTimer(view.now + self.budget_s, f"budget-{self._step}"))
@@ -103,7 +107,8 @@ class Partial:
             case TimerFired(tag=tag) if self._rolling_out and tag == f"budget-{self._step}":
                 self._budget_passed = True
                 return self._interrupt_rest(view) + self._maybe_train(view)
-            case TrajectoryFinished() if self._rolling_out:
+            case TrajectoryFinished(trajectory=t) if self._rolling_out:
+                self._carried_open.discard(t)
                 cmds = []
                 batch = view.batch(self._step)
                 done = len(batch) - view.unfinished(self._step)
@@ -140,8 +145,9 @@ class Partial:
         return [Interrupt(live)] if live else []
 
     def _maybe_train(self, view: ClusterView) -> list[Command]:
-        carried_live = any(view.trajectory(t).status in _ACTIVE for t in self._carried)
-        if view.unfinished(self._step) == 0 and not carried_live and not self._retry:
+        # (a carried trajectory a failed GPU stopped stays open: it is resumed, and
+        # self._retry holds the step meanwhile)
+        if view.unfinished(self._step) == 0 and not self._carried_open and not self._retry:
             # unfinished() counts interrupted trajectories as finished
             self._rolling_out = False
             self._phase = Role.TRAIN
