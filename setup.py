@@ -1,7 +1,7 @@
 """Build hook: compile the simulator's inner loop with Cython when possible.
 
 ``sim/engine.py``, ``sim/traj.py``, ``sim/core.py`` and ``sim/turns.py`` are plain Python;
-their ``.pxd`` files give Cython the C types. Built, a replay runs 2.7-3.1x faster (README,
+their ``.pxd`` files give Cython the C types. Built, a replay runs 2.5-2.8x faster (README,
 "Simulator speed"); not built -- no Cython, no C compiler, or ``RLSCHED_PURE_PYTHON=1`` at
 install -- the package installs and runs as pure Python with the same results
 (tests/test_compiled.py compares the two). Everything else is in pyproject.toml.
@@ -38,7 +38,7 @@ class OptionalBuildExt(build_ext):
     @staticmethod
     def _skip(exc: Exception, name: str = "the simulator's inner loop") -> None:
         print(f"rlsched: could not compile {name} ({exc}); it runs as pure Python "
-              "(same results, about three times as slow)", file=sys.stderr)
+              "(same results, 2.5-2.8x as slow)", file=sys.stderr)
 
 
 def extensions() -> list[Extension]:

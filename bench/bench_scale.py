@@ -46,12 +46,9 @@ def _peak_rss_mb() -> float:
 
 # --------------------------------------------------------------------- children
 def _load(trace: str, steps: int):
-    from rlsched.sim.workload import load_workload, trace_index
-    from rlsched.traces import draw_batches
+    from rlsched.sim.workload import replay_workload
 
-    idx = trace_index(trace)
-    batches = draw_batches(idx, steps, tasks_per_step=TASKS_PER_STEP)
-    return load_workload(trace, batches, idx), batches
+    return replay_workload(trace, steps, TASKS_PER_STEP, stream_rows=0)
 
 
 def child_policy(spec: str, trace: str, steps: int) -> dict:

@@ -38,12 +38,9 @@ from rlsched.cluster.config import RunConfig
 from rlsched.policies import make_policy
 from rlsched.sim.cost import CostModel
 from rlsched.sim.run import simulate
-from rlsched.sim.workload import load_workload, trace_index
-from rlsched.traces import draw_batches
+from rlsched.sim.workload import replay_workload
 spec, trace, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-idx = trace_index(trace)
-batches = draw_batches(idx, steps, tasks_per_step=64)
-w = load_workload(trace, batches, idx)
+w, batches = replay_workload(trace, steps, 64, stream_rows=0)
 with tempfile.TemporaryDirectory() as d:
     simulate(w, batches, make_policy(spec), RunConfig(gpus=1024, tp=4, steps=steps), CostModel(),
              out_dir=Path(d) / "run")

@@ -38,9 +38,11 @@ class LiveBackendError(RlschedError):
     """The live backend cannot start: missing extra, no free slots, bad checkpoint."""
 
 
-class Interrupted(RlschedError):
-    """The user stopped the work (Ctrl-C) after part of it was written. ``str(err)`` says
-    what was kept and where; the command line exits with 130, the shell's code for SIGINT."""
+class Interrupted(Exception):
+    """The user stopped the work (Ctrl-C) after part of it was written. Not an
+    :class:`RlschedError`: nothing was wrong with the input, and code that reports bad
+    input must not swallow it. ``str(err)`` says what was kept and where; the command line
+    prints it and exits with 130, the shell's code for SIGINT."""
 
     exit_code = 130
 

@@ -28,8 +28,7 @@ from rlsched.cluster.errors import ConfigError, Interrupted
 from rlsched.policies import canonical_spec, make_policy
 from rlsched.sim.cost import CostModel
 from rlsched.sim.run import simulate
-from rlsched.sim.workload import Workload, load_workload, trace_index
-from rlsched.traces import draw_batches, load_trace
+from rlsched.sim.workload import replay_workload
 
 SUMMARY_COLUMNS = (
     "policy", "steps", "sim_seconds", "trained_tokens", "gpu_utilization", "max_staleness",
@@ -90,7 +89,8 @@ def compare(
     Raises :class:`Interrupted` after publishing what was simulated when Ctrl-C stopped a
     run (see the module docstring), ``KeyboardInterrupt`` when nothing was kept."""
     policies = [make_policy(s) for s in plan.specs]  # fail on a bad spec before any work
-    workload, batches = replay_inputs(plan.trace_path, plan.config)
+    cfg = plan.config
+    workload, batches = replay_workload(plan.trace_path, cfg.steps, cfg.tasks_per_step, cfg.samples_per_task)
     tmp = prepare_out_dir(out, force)
     try:
         run_dirs: list[Path] = []
@@ -139,36 +139,6 @@ def compare(
             + f"; no report (make one with: rlsched report {out}/runs/* --out DIR)"
         )
     return summary
-
-
-STREAM_ROWS = 1_000_000  # Parquet traces with more turns than this are read by step
-
-
-def replay_inputs(path: Path, config: RunConfig) -> tuple[Workload, list]:
-    """The per-turn arrays and the batches a replay of ``path`` needs.
-
-    A Parquet trace of more than :data:`STREAM_ROWS` turns is not loaded whole (a
-    seed-scale trace in pandas peaks at ~1.7 GB, its arrays are under 100 MB): one row
-    per trajectory is enough to draw the batches, and only the tasks they use are read and
-    validated, a chunk of tasks at a time (:func:`~rlsched.sim.workload.load_workload`).
-    Smaller traces, and JSONL, are read and validated whole."""
-    cfg = config
-    if path.suffix.lower() in (".parquet", ".pq") and _parquet_rows(path) > STREAM_ROWS:
-        index = trace_index(path)
-        batches = draw_batches(index, cfg.steps, cfg.tasks_per_step, cfg.samples_per_task)
-        return load_workload(path, batches, index), batches
-    df = load_trace(path)
-    batches = draw_batches(df, cfg.steps, cfg.tasks_per_step, cfg.samples_per_task)
-    return Workload.from_frame(df), batches
-
-
-def _parquet_rows(path: Path) -> int:
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.ParquetFile(path).metadata.num_rows
-    except Exception:  # unreadable: load_trace says why in one line
-        return 0
 
 
 def _summary(plan: ComparePlan, run_dirs: Sequence[Path]) -> pd.DataFrame:

@@ -214,3 +214,37 @@ def load_workload(
     if chunk:
         parts.append(Workload.from_frame(load_trace(path, tasks=chunk)))
     return Workload.concat(parts)
+
+
+STREAM_ROWS = 1_000_000  # Parquet traces with more turns than this are read by step
+
+
+def replay_workload(
+    path: str | Path, steps: int, tasks_per_step: int | None = None,
+    samples_per_task: int | None = None, *, stream_rows: int = STREAM_ROWS,
+) -> tuple[Workload, Batches]:
+    """The per-turn arrays and the batches a replay of the trace at ``path`` needs.
+
+    A Parquet trace of more than ``stream_rows`` turns is not loaded whole (the seed-scale
+    trace in pandas peaks at ~1.7 GB; its arrays are under 100 MB): :func:`trace_index` is
+    enough to draw the batches, and :func:`load_workload` reads and validates only the tasks
+    they use. Smaller traces, and JSONL, are read and validated whole (``stream_rows=0``
+    streams every Parquet trace)."""
+    from rlsched.traces import draw_batches, load_trace
+
+    if _parquet_rows(path) > stream_rows:
+        index = trace_index(path)
+        batches = draw_batches(index, steps, tasks_per_step, samples_per_task)
+        return load_workload(path, batches, index), batches
+    df = load_trace(path)
+    batches = draw_batches(df, steps, tasks_per_step, samples_per_task)
+    return Workload.from_frame(df), batches
+
+
+def _parquet_rows(path: str | Path) -> int:
+    """Rows in the file's Parquet footer; 0 when it is not readable Parquet (JSONL, or a
+    broken file, which ``load_trace`` then reports in one line)."""
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except (pa.ArrowException, OSError, ValueError):
+        return 0

@@ -142,18 +142,23 @@ def test_progress_off_a_terminal_is_plain_lines(tmp_path, small_trace, capsys, m
     assert [ln.split("  ")[0] for ln in lines] == ["colocated: step 1/2", "colocated: step 2/2"]
 
 
-def test_large_parquet_traces_are_read_by_step(tmp_path, small_trace, monkeypatch):
-    """Above STREAM_ROWS turns a Parquet trace is not loaded whole (only the tasks the run
-    draws are read); the replay is the same, to the last column."""
-    import rlsched.compare as compare_mod
+def test_large_parquet_traces_are_read_by_step(small_trace, monkeypatch):
+    """Above ``stream_rows`` turns a Parquet trace is not loaded whole (only the tasks the
+    run draws are read); the replay gets the same batches and the same per-turn arrays."""
+    import numpy as np
 
-    spec = ["--policies", "colocated,elastic"]
-    assert _compare(tmp_path / "whole", small_trace, *spec) == 0
-    monkeypatch.setattr(compare_mod, "STREAM_ROWS", 10)
-    read: list[object] = []
-    real = compare_mod.load_workload
-    monkeypatch.setattr(compare_mod, "load_workload", lambda *a, **k: read.append(a) or real(*a, **k))
-    assert _compare(tmp_path / "stream", small_trace, *spec) == 0
-    assert len(read) == 1
-    cols = lambda d: pd.read_csv(d / "summary.csv").drop(columns=["wall_seconds"])  # noqa: E731
-    pd.testing.assert_frame_equal(cols(tmp_path / "whole"), cols(tmp_path / "stream"))
+    from rlsched.sim import workload as wl
+
+    whole_w, whole_b = wl.replay_workload(small_trace, 2, 4, 2)
+    streamed: list[object] = []
+    real = wl.load_workload
+    monkeypatch.setattr(wl, "load_workload", lambda *a, **k: streamed.append(a) or real(*a, **k))
+    part_w, part_b = wl.replay_workload(small_trace, 2, 4, 2, stream_rows=10)
+    assert len(streamed) == 1
+    assert part_b == whole_b
+    for tid in {t for b in whole_b for _, t in b}:
+        i, j = whole_w.index[tid], part_w.index[tid]
+        assert whole_w.turns[i] == part_w.turns[j]
+        a, b = slice(whole_w.start[i], whole_w.start[i] + whole_w.turns[i]), slice(part_w.start[j], part_w.start[j] + part_w.turns[j])
+        for col in ("prompt", "output", "env"):
+            assert np.array_equal(getattr(whole_w, col)[a], getattr(part_w, col)[b]), col
