@@ -1,0 +1,79 @@
+"""Fingerprint of simulated outputs: proof that a refactor changed no behaviour.
+
+Runs ``rlsched compare`` (the library function, not a subprocess) for every shipped policy
+plus the staleness-1 variants on the shipped trace, in four settings (plain, with a fault
+schedule, with the trajectory processor, both), and prints one SHA-256 per setting of
+``summary.csv`` with the host-time columns removed, of every run's ``events.parquet`` and
+``intervals.parquet`` contents, and one of everything together.
+
+Usage: ``python bench/fingerprint.py [--json OUT]``. Run it before and after a change that
+must not alter behaviour; the ``all`` line must be equal. Host-time columns (``wall_seconds``
+and any other in ``HOST_COLUMNS``) differ between any two runs and are excluded; so are the
+report files, which embed nothing the run records do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from rlsched.cluster.config import RunConfig
+from rlsched.cluster.faults import Fault, FaultSchedule
+from rlsched.compare import ComparePlan, compare
+from rlsched.policies import available
+from rlsched.sim.cost import CostModel
+from rlsched.traces import sample_trace_path
+
+HOST_COLUMNS = ("wall_seconds",)
+FAULTS = FaultSchedule(
+    (Fault("gpu", per_hour=6.0), Fault("tool", per_hour=60.0), Fault("trainer", per_hour=3.0),
+     Fault("sync", per_hour=6.0)),
+    seed=3,
+)
+
+
+def specs() -> tuple[str, ...]:
+    return (*available(), "async:rollout_fraction=0.5,staleness=1", "elastic:staleness=1")
+
+
+def _frame_digest(df: pd.DataFrame) -> str:
+    return hashlib.sha256(df.to_json(double_precision=15, orient="split").encode()).hexdigest()
+
+
+def fingerprint() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, faults, processor in (("plain", None, False), ("faults", FAULTS, False),
+                                    ("processor", None, True), ("faults+processor", FAULTS, True)):
+        cfg = RunConfig(gpus=16, tp=2, steps=4, tasks_per_step=8, check=True,
+                        faults=faults, processor=processor)
+        with tempfile.TemporaryDirectory() as d:
+            summary = compare(ComparePlan(sample_trace_path(), specs(), cfg, CostModel()),
+                              Path(d) / "out", report=False)
+            summary = summary.drop(columns=[c for c in HOST_COLUMNS if c in summary.columns])
+            h = hashlib.sha256(summary.to_csv(index=False).encode())
+            for rd in sorted((Path(d) / "out" / "runs").iterdir()):
+                for part in ("events", "intervals"):
+                    h.update(_frame_digest(pd.read_parquet(rd / f"{part}.parquet")).encode())
+            out[name] = h.hexdigest()
+    out["all"] = hashlib.sha256("".join(out[k] for k in sorted(out)).encode()).hexdigest()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, help="also write the digests to this file")
+    args = ap.parse_args()
+    fp = fingerprint()
+    for k, v in fp.items():
+        print(f"{k:18s} {v}")
+    if args.json:
+        args.json.write_text(json.dumps(fp, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
