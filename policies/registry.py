@@ -1,6 +1,7 @@
 """The policy registry: names -> classes, specs -> configured policy objects.
 
-A spec is ``NAME`` or ``NAME:key=value,key=value``. Names are unique: registering a
+A spec is ``NAME`` or ``NAME:key=value,key=value``; ``NAME:`` with nothing after the colon
+is refused like any other malformed spec. Names are unique: registering a
 second class under a taken name is an error, never a silent overwrite. Third-party
 policies register through the ``rlsched.policies`` entry-point group (each entry point
 names a policy class) and are loaded on first lookup.
@@ -68,12 +69,17 @@ def get_policy_class(name: str) -> type:
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     """Split ``NAME:key=value,...`` into the name and raw string values."""
     spec = spec.strip()
-    name, _, rest = spec.partition(":")
+    name, sep, rest = spec.partition(":")
     name = name.strip()
     if not name:
         raise PolicyError(f"policy spec {spec!r}: expected NAME or NAME:key=value,...")
     raw: dict[str, str] = {}
-    if rest.strip():
+    if sep and not rest.strip():
+        # "async:" reads as a parameter list that was meant and then lost (a shell variable
+        # that expanded to nothing); refusing it is safer than running the defaults.
+        raise PolicyError(f"policy spec {spec!r}: empty parameter list after ':' — expected "
+                          f"{name} or {name}:key=value,...")
+    if sep:
         for item in rest.split(","):
             key, eq, value = item.partition("=")
             key = key.strip()

@@ -211,7 +211,7 @@ def valid_specs(draw) -> SpecCase:
     chosen = draw(st.lists(st.sampled_from(params), unique_by=lambda p: p.name)) if params else []
     items = [f"{draw(_pad())}{p.name}{draw(_pad())}={draw(_pad())}{draw(_param_value(p))}"
              for p in chosen]
-    spec = name + (":" + ",".join(items) if items else draw(st.sampled_from(["", ":", ": "])))
+    spec = name + (":" + ",".join(items) if items else "")
     return SpecCase("in-range parameters", draw(_pad()) + spec + draw(_pad()), False)
 
 
@@ -221,7 +221,7 @@ def broken_specs(draw) -> SpecCase:
     name = draw(st.sampled_from(POLICY_NAMES))
     params = POLICIES[name].params
     kinds = ["unknown name", "unknown parameter", "empty", "missing =", "empty value",
-             "empty item"]
+             "empty item", "empty parameter list"]
     if params:
         kinds += ["bad value", "duplicated key"]
     kind = draw(st.sampled_from(kinds))
@@ -231,6 +231,8 @@ def broken_specs(draw) -> SpecCase:
         return SpecCase(kind, other, True)
     if kind == "empty":
         return SpecCase(kind, draw(st.sampled_from(["", " ", ":", " :x=1", "\t"])), True)
+    if kind == "empty parameter list":
+        return SpecCase(kind, name + draw(st.sampled_from([":", ": ", ":\t"])), True)
     if kind == "unknown parameter":
         key = draw(NAME.filter(lambda k: k not in {p.name for p in params}))
         return SpecCase(kind, f"{name}:{key}=1", True)

@@ -1,0 +1,34 @@
+"""Policy spec parsing: an empty parameter list (``async:``) is refused in one line like any
+other malformed spec, while ``async`` and ``async:key=value`` still parse."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlsched.cli import main
+from rlsched.cluster.errors import PolicyError
+from rlsched.policies import make_policy
+from rlsched.policies.registry import parse_spec
+
+
+@pytest.mark.parametrize("spec", ["async:", "async: ", " async :\t", "elastic:"])
+def test_empty_parameter_list_is_refused(spec):
+    with pytest.raises(PolicyError, match=r"empty parameter list after ':' — expected "
+                                          r"\w+ or \w+:key=value,\.\.\."):
+        parse_spec(spec)
+
+
+def test_name_alone_and_with_parameters_still_parse():
+    assert parse_spec("async") == ("async", {})
+    assert parse_spec(" async ") == ("async", {})
+    name, raw = parse_spec("elastic:tail=0.5")
+    assert (name, raw) == ("elastic", {"tail": "0.5"})
+    assert make_policy("async").name == "async"
+
+
+def test_cli_refuses_it_in_one_line(capsys):
+    code = main(["policy", "check", "async:"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.splitlines() == ["rlsched: error: policy spec 'async:': empty parameter list "
+                                "after ':' — expected async or async:key=value,..."]
