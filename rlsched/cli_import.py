@@ -1,5 +1,6 @@
-"""``rlsched trace import``: turn agent logs (SWE-agent ``.traj``, chat-transcript JSONL)
-into a trace file.
+"""``rlsched trace import``: turn agent logs (SWE-agent ``.traj``, chat-transcript JSONL,
+OpenHands evaluation output, mini-swe-agent trajectories, verl rollout dumps) into a trace
+file.
 
 Attached to the ``rlsched trace`` group by :func:`register` (called from ``rlsched/cli.py``).
 Bad input files are skipped and listed in the summary; if every input is bad the import
@@ -36,7 +37,14 @@ def summary_lines(result: ImportResult, out: Path | None = None) -> list[str]:
         lines.append(f"  ... and {len(result.skipped) - MAX_SKIPS_SHOWN} more")
     hint = " (pass --tokenizer DIR for exact counts)" if result.token_source.startswith(
         "estimate") else ""
-    lines.append(f"tokens counted with {result.token_source}{hint}")
+    if result.token_recorded == len(df):
+        lines.append(f"tokens: the model API's recorded usage on all {len(df)} turns")
+    elif result.token_recorded:
+        lines.append(f"tokens: the model API's recorded usage on {result.token_recorded} of "
+                     f"{len(df)} turns, the rest counted with {result.token_source}{hint} "
+                     f"(column token_source)")
+    else:
+        lines.append(f"tokens counted with {result.token_source}{hint}")
     truncated = int(df.loc[df["truncated"], "trajectory_id"].nunique())
     lines.append(f"env time estimated on {result.env_estimated} of {len(df)} turns "
                  f"(column env_estimated; model: {MODEL_NAME}); truncated trajectories: "
@@ -84,7 +92,8 @@ def register(trace_app: typer.Typer) -> None:
             "tokenizer.json) for exact token counts; default: ~4 characters per token.")]
         = None,
     ) -> None:
-        """Import agent logs (SWE-agent .traj, chat-transcript JSONL) as a trace."""
+        """Import agent logs (SWE-agent, chat transcripts, OpenHands, mini-swe-agent, verl) as
+        a trace."""
         result = import_traces(fmt, paths, tokenizer=tokenizer)
         path = write_trace(result.df, out)
         for line in summary_lines(result, path):

@@ -19,8 +19,14 @@ from pathlib import Path
 import pandas as pd
 
 from rlsched.cluster.errors import TraceError
-from rlsched.traces import import_messages, import_swe_agent
-from rlsched.traces.import_common import ImportedTrajectory, to_frame
+from rlsched.traces import (
+    import_messages,
+    import_mini_swe_agent,
+    import_openhands,
+    import_swe_agent,
+    import_verl,
+)
+from rlsched.traces.import_common import RECORDED_SOURCE, ImportedTrajectory, to_frame
 from rlsched.traces.tokens import TokenCounter, load_counter
 
 ReadFn = Callable[[Path, TokenCounter], tuple[list[ImportedTrajectory], list[tuple[str, str]]]]
@@ -42,6 +48,15 @@ IMPORTERS: dict[str, Importer] = {
         "messages", "JSON lines of chat transcripts (OpenAI messages, ShareGPT "
         "conversations, role/text trajectories), one trajectory per line",
         import_messages.SUFFIXES, import_messages.read_file),
+    "openhands": Importer(
+        "openhands", "OpenHands evaluation output.jsonl (V0 event history or V1 SDK events), "
+        "one evaluated instance per line", import_openhands.SUFFIXES, import_openhands.read_file),
+    "mini-swe-agent": Importer(
+        "mini-swe-agent", "mini-swe-agent .traj.json files (1.x and 2.x message layouts), one "
+        "trajectory per file", import_mini_swe_agent.SUFFIXES, import_mini_swe_agent.read_file),
+    "verl": Importer(
+        "verl", "verl rollout_data_dir dumps (<step>.jsonl: decoded input/output and score), one "
+        "rollout per line", import_verl.SUFFIXES, import_verl.read_file),
 }
 
 
@@ -49,7 +64,8 @@ IMPORTERS: dict[str, Importer] = {
 class ImportResult:
     """``df``: the canonical trace; ``imported``: trajectories in it; ``skipped``: (input,
     reason) for every file or line left out; ``env_estimated``: rows whose env time was
-    estimated; ``token_source``: how tokens were counted."""
+    estimated; ``token_source``: how tokens were counted where the log recorded no usage;
+    ``token_recorded``: rows whose counts are the usage the log recorded."""
 
     df: pd.DataFrame
     imported: int
@@ -57,6 +73,8 @@ class ImportResult:
     token_source: str = ""
     env_estimated: int = 0
     files: int = 0
+    #: Rows whose token counts are the model API's reported usage (``recorded:usage``).
+    token_recorded: int = 0
 
 
 def get_importer(fmt: str) -> Importer:
@@ -119,4 +137,5 @@ def import_traces(fmt: str, paths: Iterable[str | Path], *,
     df = to_frame(trajs, counter.source, source=f"import of {len(files)} {fmt} file(s)")
     return ImportResult(df=df, imported=len(trajs), skipped=skipped,
                         token_source=counter.source,
-                        env_estimated=int(df["env_estimated"].sum()), files=len(files))
+                        env_estimated=int(df["env_estimated"].sum()), files=len(files),
+                        token_recorded=int((df["token_source"] == RECORDED_SOURCE).sum()))
