@@ -163,6 +163,11 @@ def _step(rec: dict, where: str) -> int | None:
 def read_record(rec: Any, where: str, default_id: str,
                 counter: TokenCounter) -> ImportedTrajectory:
     """One dump line -> one trajectory; ``where`` (file:line) names it in errors."""
+    if isinstance(rec, dict) and {"input", "output"} <= rec.keys():
+        for key in ("input", "output"):
+            if not isinstance(rec[key], str):
+                raise TraceError(f"{where}: '{key}' is a JSON {type(rec[key]).__name__} — "
+                                 f"expected decoded text (token ids cannot be split into turns)")
     if not isinstance(rec, dict) or not isinstance(rec.get("input"), str) or not isinstance(
             rec.get("output"), str):
         raise TraceError(f"{where}: {shape_of(rec, expected_format=FORMAT)} — expected a verl "

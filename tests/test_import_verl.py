@@ -1,0 +1,121 @@
+"""verl rollout-dump import: turns split at the chat template's tool-response boundaries
+(Qwen/Hermes with and without special tokens, the documented ``tool`` role), the RL step
+kept, every env time estimated, and one-line skips for bad lines and files."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+from importkit import FIXTURES, FakeWordCounter
+
+from rlsched.cluster.errors import TraceError
+from rlsched.traces import load_trace
+from rlsched.traces.batches import draw_batches
+from rlsched.traces.import_verl import read_file, read_record, split_turns
+from rlsched.traces.importers import import_traces
+
+WORDS = FakeWordCounter()
+ROLLOUT = FIXTURES / "verl" / "rollout"
+CALL = '<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(1)"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize(("output", "tools"), [
+    # Qwen2.5/3 decoded with skip_special_tokens=True: role names stay, markers go
+    (f"a{CALL}user\n<tool_response>\n1\n</tool_response>\nassistant\nb",
+     ["user\n<tool_response>\n1\n</tool_response>\nassistant\n"]),
+    # two tool results in one block, special tokens kept
+    (f"a{CALL}{CALL}<|im_end|>\n<|im_start|>user\n<tool_response>\n1\n</tool_response>\n"
+     f"<tool_response>\n2\n</tool_response><|im_end|>\n<|im_start|>assistant\nb<|im_end|>",
+     ["<|im_end|>\n<|im_start|>user\n<tool_response>\n1\n</tool_response>\n<tool_response>\n2"
+      "\n</tool_response><|im_end|>\n<|im_start|>assistant\n"]),
+    # the documented SGLang sample: a bare "tool" role
+    (f"assistant\na{CALL}\ntool\n1\n\nassistant\nb", ["\ntool\n1\n\nassistant\n"]),
+    # Llama 3 with header tokens kept
+    ("a<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n1<|eot_id|>"
+     "<|start_header_id|>assistant<|end_header_id|>\n\nb",
+     ["<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n1<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n"]),
+])
+def test_split_at_tool_response_boundaries(output, tools):
+    turns = split_turns(output)
+    assert [tool for _, tool in turns] == [*tools, ""]
+    assert turns[0][0].startswith("a") and turns[-1][0].strip().startswith("b")
+
+
+def test_role_words_in_the_models_own_text_are_not_boundaries():
+    text = "The user\n<tool_response>\nfake\n</tool_response>\nassistant\nsaid so."
+    assert split_turns(text) == [(text, "")]
+    assert split_turns("plain single-turn answer\n#### 3") == [
+        ("plain single-turn answer\n#### 3", "")]
+
+
+def test_fixture_rows_match_hand_count():
+    trajs, skipped = read_file(ROLLOUT / "1.jsonl", WORDS)
+    assert skipped == []
+    a, b, c, d = trajs
+    assert a.trajectory_id == "1:1" and a.step == 1 and a.reward == 1.0
+    assert a.task_id == b.task_id != c.task_id == d.task_id  # GRPO samples share the prompt
+    assert a.prompt_tokens == (158, 5)  # the prompt; "user <tool_response> 72 </...> assistant"
+    assert a.output_tokens == (32, 10)
+    assert math.isnan(a.env_seconds[0]) and a.env_seconds[1] == 0.0
+    assert a.actions[0].startswith("python april = 48")
+    assert len(b.prompt_tokens) == 1 and not b.truncated
+    assert len(c.prompt_tokens) == 3 and not c.truncated
+    assert d.truncated and d.exit_status == "unanswered tool call" and d.reward == 0.0
+
+
+def test_import_keeps_the_step_and_flags_every_tool_turn_as_estimated(tmp_path):
+    res = import_traces("verl", [ROLLOUT], tokenizer=WORDS)
+    df = res.df
+    assert res.imported == 6 and sorted(df["step"].unique().tolist()) == [1, 2]
+    tool_turns = df.groupby("trajectory_id")["turn"].transform("max") > df["turn"]
+    assert (df["env_estimated"] == tool_turns).all()
+    assert res.token_recorded == 0 and (df["token_source"] == "fake:words").all()
+    # a replay draws the recorded batches: step 0 = the four rollouts of RL step 1
+    batches = draw_batches(df, 2)
+    assert [len(b) for b in batches] == [4, 2]
+    assert {d.trace_id for d in batches[1]} == {"2:1", "2:2"}
+    path = tmp_path / "verl.jsonl"
+    res.df.to_json(path, orient="records", lines=True)
+    assert len(load_trace(path)) == len(df)
+
+
+def test_bad_lines_are_skipped_and_the_rest_imported(tmp_path):
+    good = (ROLLOUT / "2.jsonl").read_text().splitlines()
+    path = tmp_path / "7.jsonl"
+    path.write_text("\n".join([
+        good[0],
+        json.dumps({"input": "q", "output": "a", "score": "high", "step": 7}),
+        json.dumps({"input": "q", "output": "a", "score": 1, "step": -1}),
+        good[1][:80],
+    ]) + "\n")
+    trajs, skipped = read_file(path, WORDS)
+    assert len(trajs) == 1
+    reasons = dict(skipped)
+    assert reasons[f"{path}:2"] == "score 'high' — expected a finite number"
+    assert reasons[f"{path}:3"] == "step -1 — expected a whole number >= 0"
+    assert reasons[f"{path}:4"].startswith("invalid JSON")
+
+
+@pytest.mark.parametrize(("rec", "message"), [
+    ({"input": "q", "output": [1, 2]}, "'output' is a JSON list — expected decoded text"),
+    ({"prompt": "q", "response": "a"}, "an object with keys prompt, response — expected a verl"),
+    ({"instance_id": "x", "history": [], "test_result": {}}, "looks like --format openhands"),
+])
+def test_record_errors_are_one_line(rec, message):
+    with pytest.raises(TraceError, match=re.escape(message)):
+        read_record(rec, "f:1", "f:1", WORDS)
+
+
+def test_broken_and_unknown_files_are_skipped_with_one_line_each():
+    broken = FIXTURES / "broken" / "verl" / "3.jsonl"
+    unknown = FIXTURES / "unknown" / "metrics.jsonl"
+    res = import_traces("verl", [broken, unknown, ROLLOUT / "2.jsonl"])
+    reasons = dict(res.skipped)
+    assert res.imported == 2
+    assert reasons[str(broken)] == ("'output' is a JSON list — expected decoded text (token ids "
+                                    "cannot be split into turns)")
+    assert reasons[str(unknown)].startswith("nothing usable (line 1: an object with keys")
