@@ -41,8 +41,8 @@ def summary_lines(result: ImportResult, out: Path | None = None) -> list[str]:
         lines.append(f"tokens: the model API's recorded usage on all {len(df)} turns")
     elif result.token_recorded:
         lines.append(f"tokens: the model API's recorded usage on {result.token_recorded} of "
-                     f"{len(df)} turns, the rest counted with {result.token_source}{hint} "
-                     f"(column token_source)")
+                     f"{len(df)} turns, the rest counted with {result.token_source} (column "
+                     f"token_source){hint}")
     else:
         lines.append(f"tokens counted with {result.token_source}{hint}")
     truncated = int(df.loc[df["truncated"], "trajectory_id"].nunique())

@@ -11,16 +11,19 @@ from importkit import FIXTURES
 from rlsched.cli import main
 
 CASES = {
-    "openhands": ([FIXTURES / "openhands"], FIXTURES / "unknown" / "metrics.jsonl", 4),
+    "openhands": ([FIXTURES / "openhands"], FIXTURES / "unknown" / "metrics.jsonl", 4,
+                  "tokens: the model API's recorded usage on 9 of 14 turns, the rest counted "
+                  "with estimate:chars/4 (column token_source)"),
     "mini-swe-agent": ([FIXTURES / "mini_swe_agent"], FIXTURES / "unknown" / "run_config.json",
-                       3),
-    "verl": ([FIXTURES / "verl" / "rollout"], FIXTURES / "unknown" / "metrics.jsonl", 6),
+                       3, "tokens: the model API's recorded usage on 8 of 11 turns"),
+    "verl": ([FIXTURES / "verl" / "rollout"], FIXTURES / "unknown" / "metrics.jsonl", 6,
+             "tokens counted with estimate:chars/4 (pass --tokenizer DIR for exact counts)"),
 }
 
 
 @pytest.mark.parametrize("fmt", list(CASES))
 def test_import_validate_and_replay(fmt, tmp_path, capsys):
-    inputs, unknown, trajectories = CASES[fmt]
+    inputs, unknown, trajectories, tokens_line = CASES[fmt]
     trace = tmp_path / f"{fmt}.parquet"
     code = main(["trace", "import", "--format", fmt, *map(str, inputs), str(unknown),
                  "--out", str(trace)])
@@ -30,6 +33,7 @@ def test_import_validate_and_replay(fmt, tmp_path, capsys):
     assert lines[0].startswith(f"imported {trajectories} trajectories ")
     skips = [line for line in lines if line.startswith(f"  skipped {unknown}: ")]
     assert len(skips) == 1, out  # one line for the unknown file, and the import went on
+    assert any(line.startswith(tokens_line) for line in lines), out
     assert f"wrote {trace}" in out
 
     assert main(["trace", "validate", str(trace)]) == 0

@@ -100,6 +100,8 @@ def test_bad_line_is_skipped_and_the_rest_imported(tmp_path):
     ({"instance_id": "a", "history": []}, "no LLM call in its history (0 events"),
     ({"instance_id": None, "history": []}, "instance_id is None"),
     ({"instance_id": "a", "history": [3]}, "history[0] is a JSON int"),
+    ({"instance_id": "a", "history": None, "error": "Maximum retries (5) reached: boom\nx"},
+     "no history (error: Maximum retries (5) reached: boom) — expected the events"),
     ({"input": "q", "output": "a", "score": 1.0}, "looks like --format verl"),
 ])
 def test_record_errors_are_one_line(rec, message):

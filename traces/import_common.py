@@ -257,6 +257,8 @@ _FORMAT_MARKS: tuple[tuple[str, frozenset[str]], ...] = (
 def shape_of(value: Any, *, expected_format: str) -> str:
     """A short description of a record of an unknown shape, for a one-line skip reason:
     its type or first keys, and the ``--format`` it looks like when that is another one."""
+    if value is None:
+        return "null"
     if not isinstance(value, dict):
         return f"a JSON {type(value).__name__}"
     keys = sorted(map(str, value))

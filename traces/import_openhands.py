@@ -325,6 +325,10 @@ def _usages(rec: dict) -> dict[str, tuple[int | None, int | None]]:
 def _events(rec: dict, where: str) -> tuple[list[dict], bool]:
     """The history as a flat list of event dicts, and whether it is V1 (``kind`` events)."""
     history = rec.get("history")
+    if history is None:
+        error = str(rec.get("error") or "").strip().splitlines()
+        why = f" (error: {error[0][:120]})" if error else ""
+        raise TraceError(f"{where}: no history{why} — expected the events of an agent run")
     if not isinstance(history, list):
         raise TraceError(f"{where}: 'history' is {shape_of(history, expected_format=FORMAT)} — "
                          f"expected the list of events of the run")
