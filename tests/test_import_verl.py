@@ -119,3 +119,24 @@ def test_broken_and_unknown_files_are_skipped_with_one_line_each():
     assert reasons[str(broken)] == ("'output' is a JSON list — expected decoded text (token ids "
                                     "cannot be split into turns)")
     assert reasons[str(unknown)].startswith("nothing usable (line 1: an object with keys")
+
+
+def test_unfinished_or_user_blocks_stay_in_the_turn():
+    # cut inside the tool response (no assistant header follows): one turn, unanswered call
+    cut = f"a{CALL}user\n<tool_response>\npartial"
+    assert split_turns(cut) == [(cut, "")]
+    # a simulated user's reply (verl interactions) is not a tool response
+    chat = f"a{CALL}user\nplease go on\nassistant\nb"
+    assert len(split_turns(chat)) == 1
+
+
+def test_degenerate_outputs_stay_linear():
+    """Outputs of many role headers or unclosed tags (what a collapsing policy writes) used
+    to cost quadratic regex backtracking; 238 kB took minutes."""
+    import time
+
+    start = time.perf_counter()
+    split_turns(("</tool_call>\ntool\n" + "z " * 50 + "\n") * 2000)
+    read_record({"input": "q", "output": "<tool_call> x " * 20000, "score": 0.0}, "f:1",
+                "f:1", WORDS)
+    assert time.perf_counter() - start < 10.0

@@ -52,6 +52,7 @@ Mapping (one row per assistant turn):
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -70,51 +71,72 @@ FORMAT = "verl"
 _END = r"(?:<\|im_end\|>|<\|eot_id\|>|<\|eom_id\|>|<\|end\|>)"
 _OPEN = r"(?:<\|im_start\|>|<\|start_header_id\|>)"
 _HDR = r"(?:<\|end_header_id\|>)?"
-#: One tool-response block up to (and including) the next assistant header.
-_BOUNDARY = re.compile(
-    rf"(?P<end>{_END}?)[ \t\n]*{_OPEN}?(?:"
-    rf"(?:user|tool){_HDR}\n\s*<tool_response>.*?</tool_response>"
-    rf"(?:\s*(?:{_END}?\s*{_OPEN}?(?:user|tool){_HDR}\n)?\s*<tool_response>.*?</tool_response>)*"
-    rf"|(?:tool|ipython|observation){_HDR}\n.*?)"
-    rf"\s*{_END}?\s*{_OPEN}?(?<=[\n>])assistant{_HDR}\n",
-    re.S)
+#: Where a tool-response block can start: right after the end of a generation (a closed
+#: tool call, or an end-of-turn token when special tokens were kept), at a role header.
+_BLOCK_START = re.compile(
+    rf"(?:(?P<call></tool_call>){_END}?|{_END})[ \t\n]*{_OPEN}?"
+    rf"(?P<role>user|tool|ipython|observation){_HDR}\n")
+#: The assistant header that ends a tool-response block (a generation prompt).
+_ASSISTANT_HEADER = re.compile(rf"(?<=[\n>]){_OPEN}?assistant{_HDR}\n")
 _LEADING_HEADER = re.compile(rf"^\s*{_OPEN}?assistant{_HDR}\n")
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
-_GENERATION_END = re.compile(rf"(?:</tool_call>|{_END})\s*$")
+_TOOL_RESPONSE = re.compile(r"\s*<tool_response>")
+_OPEN_CALL, _CLOSE_CALL = "<tool_call>", "</tool_call>"
 
 
 def split_turns(output: str) -> list[tuple[str, str]]:
     """``(assistant text, tool-response text after it)`` per turn; the last turn's tool
-    text is empty. A boundary only counts right after the end of a generation."""
+    text is empty.
+
+    One pass, linear in the text: a block starts at a role header right after the end of a
+    generation (a ``user`` header only when a ``<tool_response>`` follows, so a simulated
+    user's reply is not taken for a tool's) and runs through the next ``assistant`` header.
+    A block with no assistant header after it (the length limit cut the response inside a
+    tool response) is left in the last turn's text.
+    """
     header = _LEADING_HEADER.match(output)
     pos = header.end() if header else 0
+    headers = [m.end() for m in _ASSISTANT_HEADER.finditer(output)]
+    starts = [m.start() for m in _ASSISTANT_HEADER.finditer(output)]
     turns: list[tuple[str, str]] = []
     search = pos
     while True:
-        m = _BOUNDARY.search(output, search)
+        m = _BLOCK_START.search(output, search)
         if m is None:
             break
-        before = output[pos:m.start()]
-        if not (m.group("end") or _GENERATION_END.search(before)):
-            search = m.start() + 1  # "user\n" inside the model's own text: not a boundary
+        if m.group("role") == "user" and not _TOOL_RESPONSE.match(output, m.end()):
+            search = m.end()
             continue
-        turns.append((before, m.group(0)))
-        pos = search = m.end()
+        k = bisect.bisect_left(starts, m.end())
+        if k == len(starts):
+            break
+        block_start = m.start() + (len("</tool_call>") if m.group("call") else 0)
+        turns.append((output[pos:block_start], output[block_start:headers[k]]))
+        pos = search = headers[k]
     turns.append((output[pos:], ""))
     return turns
 
 
+def _last_call(text: str) -> str | None:
+    """The body of the last complete ``<tool_call>...</tool_call>`` (string search, so a
+    degenerate output of many unclosed tags stays linear)."""
+    close = text.rfind(_CLOSE_CALL)
+    if close < 0:
+        return None
+    opened = text.rfind(_OPEN_CALL, 0, close)
+    return None if opened < 0 else text[opened + len(_OPEN_CALL):close].strip()
+
+
 def _action(assistant: str) -> str:
     """The tool work a turn asked for, phrased for the env-time classes."""
-    calls = _TOOL_CALL.findall(assistant)
-    if not calls:
+    body = _last_call(assistant)
+    if body is None:
         return ""
     try:
-        call = json.loads(calls[-1])
+        call = json.loads(body)
     except json.JSONDecodeError:
-        return calls[-1]
+        return body
     if not isinstance(call, dict):
-        return calls[-1]
+        return body
     name = text_of(call.get("name"))
     args = call.get("arguments")
     if isinstance(args, str):
@@ -178,9 +200,9 @@ def read_record(rec: Any, where: str, default_id: str,
     env = [math.nan if tool else 0.0 for _, tool in turns]
     actions = [_action(text) if tool else "" for text, tool in turns]
     last = turns[-1][0]
-    if _TOOL_CALL.search(last):
+    if _last_call(last) is not None:
         status: str | None = "unanswered tool call"
-    elif last.count("<tool_call>") > last.count("</tool_call>") or last.count(
+    elif last.count(_OPEN_CALL) > last.count(_CLOSE_CALL) or last.count(
             "<think>") > last.count("</think>"):
         status = "cut mid-generation"
     else:
