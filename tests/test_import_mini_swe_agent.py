@@ -99,3 +99,34 @@ def test_missing_exit_status_means_cut_off(tmp_path):
     doc["messages"].pop()  # the exit message too: the run stopped mid-way
     t = read_trajectory(tmp_path / "x.traj.json", doc, WORDS)
     assert t.truncated and t.exit_status is None
+
+
+def test_v2_responses_api_messages(tmp_path):
+    """Responses-API models store the response itself as the message (no role; ``output``
+    items and ``usage.input_tokens``/``output_tokens``) and observations as
+    ``function_call_output``."""
+    call = {"type": "function_call", "call_id": "fc_1", "name": "bash",
+            "arguments": json.dumps({"command": "ls -la"})}
+    doc = {"trajectory_format": "mini-swe-agent-1.1", "info": {"exit_status": "Submitted"},
+           "messages": [
+               {"role": "system", "content": "You solve tasks."},
+               {"role": "user", "content": "List the files."},
+               {"id": "resp_1", "object": "response", "output": [
+                   {"type": "message", "content": [{"type": "output_text", "text": "Listing."}]},
+                   call], "usage": {"input_tokens": 120, "output_tokens": 14},
+                "extra": {"actions": [{"command": "ls -la", "tool_call_id": "fc_1"}],
+                          "cost": 0.001, "timestamp": 100.0}},
+               {"type": "function_call_output", "call_id": "fc_1",
+                "output": "<returncode>0</returncode>\n<output>\na b c\n</output>",
+                "extra": {"returncode": 0, "timestamp": 100.75}},
+               {"id": "resp_2", "object": "response", "output": [
+                   {"type": "message", "content": [{"type": "output_text", "text": "Done."}]}],
+                "usage": {"input_tokens": 150, "output_tokens": 3},
+                "extra": {"actions": [], "timestamp": 103.0}},
+               {"role": "exit", "content": "", "extra": {"exit_status": "Submitted"}},
+           ]}
+    t = read_trajectory(tmp_path / "r.traj.json", doc, WORDS)
+    assert t.prompt_tokens == (120, 150 - 120 - 14) and t.output_tokens == (14, 3)
+    assert t.env_seconds == (0.75, 0.0)  # the second reply ran no command
+    assert t.actions == ("ls -la", "")
+    assert t.token_sources == (RECORDED_SOURCE,) * 2

@@ -210,8 +210,8 @@ def read_trajectory(path: Path, doc: Any, counter: TokenCounter) -> ImportedTraj
         sources.append(RECORDED_SOURCE if both else counter.source)
         nxt = calls[k + 1] if k + 1 < len(calls) else len(msgs)
         after = msgs[i + 1:nxt]
-        if failed[k]:
-            env.append(0.0)
+        if failed[k] or (v2 and not _extra(msg).get("actions")):
+            env.append(0.0)  # nothing was executed
             actions.append("")
         else:
             stamps = [s for s in (_stamp(m, v2) for m in after) if s is not None]
