@@ -32,7 +32,7 @@ Mapping (one row per model call):
 
 - Turns are the model calls: 2.x messages with ``extra.actions`` and FormatError messages (a
   billed call whose output failed to parse is still a turn; it ran nothing, so its env time
-  is 0 s); in 1.x every assistant message.
+  is 0 s, as for a reply with no command); in 1.x every assistant message.
 - ``prompt_tokens``: with recorded usage (``usage.prompt_tokens``/``input_tokens``), the
   context the API read minus the previous call's context and its output (the output of an
   unparsable 2.x reply is not kept in the context); otherwise, or where that difference is
