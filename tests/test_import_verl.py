@@ -140,3 +140,23 @@ def test_degenerate_outputs_stay_linear():
     read_record({"input": "q", "output": "<tool_call> x " * 20000, "score": 0.0}, "f:1",
                 "f:1", WORDS)
     assert time.perf_counter() - start < 10.0
+
+
+def test_tokenizer_counts_the_decoded_text(tmp_path):
+    """``--tokenizer DIR``: counts come from a real Hugging Face tokenizer (one trained here
+    on the fixture text, word level), and every row names it."""
+    tokenizers = pytest.importorskip("tokenizers")
+    text = (ROLLOUT / "1.jsonl").read_text()
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.train_from_iterator([text], tokenizers.trainers.WordLevelTrainer(
+        special_tokens=["[UNK]"]))
+    folder = tmp_path / "qwen-like"
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    res = import_traces("verl", [ROLLOUT / "1.jsonl"], tokenizer=folder)
+    assert set(res.df["token_source"]) == {"tokenizer:qwen-like"}
+    # whitespace-split words == the fake word counter's counts on the same text
+    words = import_traces("verl", [ROLLOUT / "1.jsonl"], tokenizer=WORDS).df
+    assert res.df["prompt_tokens"].tolist() == words["prompt_tokens"].tolist()
+    assert res.df["output_tokens"].tolist() == words["output_tokens"].tolist()

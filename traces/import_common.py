@@ -232,13 +232,24 @@ def usage_prompt_deltas(totals: Sequence[int | None], outputs: Sequence[int | No
     return out
 
 
+#: Above this a "token count" is damage, not a count (a trillion tokens in one call).
+MAX_TOKEN_COUNT = 10**12
+
+
 def whole_number(value: Any) -> int | None:
-    """A non-negative whole number from a usage field, else None."""
+    """A token count from a usage field: a whole number in ``0..MAX_TOKEN_COUNT``, else None
+    (the row is then counted from its text and says so in ``token_source``)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    if not math.isfinite(value) or value < 0 or value != int(value):
+    if not math.isfinite(value) or not 0 <= value <= MAX_TOKEN_COUNT or value != int(value):
         return None
     return int(value)
+
+
+def as_list(value: Any) -> list:
+    """``value`` when it is a list, else empty: a log's optional list fields may be null or
+    damaged, and a reader iterating them must not crash."""
+    return value if isinstance(value, list) else []
 
 
 #: Keys that mark each importer's records, for hints on a record of the wrong format.
@@ -261,7 +272,7 @@ def shape_of(value: Any, *, expected_format: str) -> str:
         return "null"
     if not isinstance(value, dict):
         return f"a JSON {type(value).__name__}"
-    keys = sorted(map(str, value))
+    keys = sorted(json.dumps(str(k), ensure_ascii=False)[1:-1][:40] for k in value)
     shown = ", ".join(keys[:6]) + (", ..." if len(keys) > 6 else "")
     guess = next((name for name, marks in _FORMAT_MARKS if marks <= value.keys()), None)
     hint = f"; looks like --format {guess}" if guess and guess != expected_format else ""

@@ -61,6 +61,7 @@ from rlsched.cluster.errors import TraceError
 from rlsched.traces.import_common import (
     RECORDED_SOURCE,
     ImportedTrajectory,
+    as_list,
     elapsed,
     read_bytes_text,
     shape_of,
@@ -98,7 +99,7 @@ def _usage(obj: Any) -> tuple[int | None, int | None] | None:
 def _output_items_text(items: Any) -> list[str]:
     """Text of a Responses-API ``output`` list: messages, reasoning summaries, calls."""
     texts: list[str] = []
-    for item in items if isinstance(items, list) else []:
+    for item in as_list(items):
         if not isinstance(item, dict):
             continue
         texts += [text_of(item.get("content")), text_of(item.get("summary")),
@@ -109,7 +110,7 @@ def _output_items_text(items: Any) -> list[str]:
 def _reply_texts(msg: dict) -> list[str]:
     """What the model wrote in a kept reply (chat message or Responses-API dump)."""
     texts = [text_of(msg.get("content")), text_of(msg.get("reasoning_content"))]
-    for call in msg.get("tool_calls") or []:
+    for call in as_list(msg.get("tool_calls")):
         fn = call.get("function") if isinstance(call, dict) else None
         if isinstance(fn, dict):
             texts += [text_of(fn.get("name")), text_of(fn.get("arguments"))]
@@ -143,7 +144,7 @@ def _stamp(msg: dict, v2: bool) -> float | None:
 def _action(msg: dict, v2: bool) -> str:
     """The commands a reply asked to run, for the env-time estimate."""
     if v2:
-        actions = _extra(msg).get("actions") or []
+        actions = as_list(_extra(msg).get("actions"))
         commands = [text_of(a.get("command")) for a in actions if isinstance(a, dict)]
         text = "\n".join(c for c in commands if c)
     else:

@@ -59,6 +59,7 @@ from rlsched.cluster.errors import TraceError
 from rlsched.traces.import_common import (
     RECORDED_SOURCE,
     ImportedTrajectory,
+    as_list,
     elapsed,
     read_records,
     shape_of,
@@ -123,7 +124,7 @@ def _response_text(response: dict) -> str:
     if not isinstance(msg, dict):
         return ""
     texts = [text_of(msg.get("content")), text_of(msg.get("reasoning_content"))]
-    for call in msg.get("tool_calls") or []:
+    for call in as_list(msg.get("tool_calls")):
         fn = call.get("function") if isinstance(call, dict) else None
         if isinstance(fn, dict):
             texts += [text_of(fn.get("name")), text_of(fn.get("arguments"))]
@@ -269,7 +270,7 @@ class _Builder:
 
     # --------------------------------------------------------------- V1 events
     def v1_event(self, ev: dict) -> None:
-        kind = ev.get("kind")
+        kind = ev.get("kind") if isinstance(ev.get("kind"), str) else ""
         when = timestamp_seconds(ev.get("timestamp"))
         if kind == "SystemPromptEvent":
             self.add_input(text_of(ev.get("system_prompt")))
