@@ -91,13 +91,15 @@ def test_bad_lines_are_skipped_and_the_rest_imported(tmp_path):
         json.dumps({"input": "q", "output": "a", "score": "high", "step": 7}),
         json.dumps({"input": "q", "output": "a", "score": 1, "step": -1}),
         good[1][:80],
+        json.dumps({"input": "q", "output": "a", "score": 1, "step": 10**30}),
     ]) + "\n")
     trajs, skipped = read_file(path, WORDS)
     assert len(trajs) == 1
     reasons = dict(skipped)
     assert reasons[f"{path}:2"] == "score 'high' — expected a finite number"
-    assert reasons[f"{path}:3"] == "step -1 — expected a whole number >= 0"
+    assert reasons[f"{path}:3"] == "step -1 — expected a whole number >= 0 (below 2**62)"
     assert reasons[f"{path}:4"].startswith("invalid JSON")
+    assert reasons[f"{path}:5"].startswith(f"step {10**30} — expected")
 
 
 @pytest.mark.parametrize(("rec", "message"), [

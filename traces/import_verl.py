@@ -177,8 +177,9 @@ def _step(rec: dict, where: str) -> int | None:
     if "step" not in rec or rec["step"] is None:
         return None
     value = rec["step"]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise TraceError(f"{where}: step {value!r} — expected a whole number >= 0")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62:
+        raise TraceError(f"{where}: step {value!r} — expected a whole number >= 0 (below "
+                         f"2**62)")
     return value
 
 
