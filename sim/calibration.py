@@ -87,9 +87,11 @@ def fit_decode(rows: pd.DataFrame, c: CostModel, tp: int) -> Fitted:
     b = d["batch"].to_numpy(float)
     ctx = d["context"].to_numpy(float)
     y = d["seconds"].to_numpy(float)
-    # log-efficiencies keep the search well scaled across orders of magnitude
-    mem0 = (c.weight_bytes + c.kv_bytes_per_token * ctx) / (tp * c.hbm_bw)
-    comp0 = 2 * c.params * b / (tp * c.peak_flops)
+    # log-efficiencies keep the search well scaled across orders of magnitude: the decode
+    # formula's two terms at efficiency 1 (the cost model's own coefficients)
+    unit = c.with_overrides({"decode_bw_eff": 1.0, "decode_compute_eff": 1.0}).decode_coefficients(tp)
+    mem0 = unit.mem_s(b, ctx)
+    comp0 = unit.comp_s(b)
 
     def model(x: np.ndarray) -> np.ndarray:
         o, le_bw, le_c = x
