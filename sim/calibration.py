@@ -117,7 +117,7 @@ def fit_prefill(rows: pd.DataFrame, c: CostModel, tp: int) -> Fitted:
     cached = d["cached"].to_numpy(float)
     first = np.array([c.decode_step_s(tp, 1, n + k) for n, k in zip(new, cached, strict=True)])
     y = np.maximum(d["seconds"].to_numpy(float) - first, 1e-6)
-    flops = 2 * c.params * new + 4 * c.layers * c.d_model * new * (cached + new / 2)
+    flops = 2 * c.active_params * new + 4 * c.layers * c.d_model * new * (cached + new / 2)
     base = flops / (tp * c.peak_flops)
     x = _solve(lambda x: base / math.exp(x[0]) - y, [[math.log(0.1)], [math.log(1e-3)]],
                [math.log(1e-9)], [math.log(10.0)], float(np.median(y)) * 0.1)

@@ -204,13 +204,13 @@ class CostModel:
         return self.decode_coefficients(tp).step_s(batch, context)
 
     def prefill_s(self, tp: int, new: float, cached: float) -> float:
-        flops = 2 * self.params * new + 4 * self.layers * self.d_model * new * (cached + new / 2)
+        flops = 2 * self.active_params * new + 4 * self.layers * self.d_model * new * (cached + new / 2)
         return flops / (tp * self.peak_flops * self.prefill_eff)
 
     def train_flops(self, tokens: float, prefix: float = 0.0) -> float:
         """FLOPs to train ``tokens`` new tokens that attend to ``prefix`` earlier ones."""
         end = prefix + tokens
-        return 6 * self.params * tokens + 6 * self.layers * self.d_model * (end * end - prefix * prefix)
+        return 6 * self.active_params * tokens + 6 * self.layers * self.d_model * (end * end - prefix * prefix)
 
     def train_s(self, flops: float, gpus: int) -> float:
         return flops / (gpus * self.peak_flops * self.train_mfu)

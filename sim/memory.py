@@ -236,6 +236,16 @@ def efficiency(cost: CostModel, layout: TrainLayout, tokens: float, gpus: int, s
     return ideal / real if real > 0 else math.nan
 
 
+def below_floor(trainer_gpus: list[int], layout: TrainLayout, cluster: int) -> str:
+    """The reason a stalled run's trainer could not run, if it was its memory floor."""
+    if layout.min_gpus <= 1 or len(trainer_gpus) >= layout.min_gpus:
+        return ""
+    if cluster < layout.min_gpus:
+        return f"; the cluster's {cluster} GPUs are fewer than the trainer's floor of {layout.min_gpus}"
+    return (f"; the trainer holds {len(trainer_gpus)} GPUs, below its floor of {layout.min_gpus} "
+            f"(it grows by {layout.unit}): give it at least {layout.min_gpus}")
+
+
 def min_engine_gpus(cost: CostModel) -> int:
     """The smallest power-of-two engine whose memory holds the served weights (and a token)."""
     n = 1
