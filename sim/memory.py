@@ -214,7 +214,7 @@ def train_job_s(cost: CostModel, layout: TrainLayout, flops: float, tokens: floa
         # each CP rank receives the K/V of the other cp-1 chunks per layer: forward, the
         # recomputed forward, and twice in backward (K/V and their gradients)
         per_layer = cost.kv_bytes_per_token / cost.layers
-        cp_bw = cost.fabric_bw if layout.tp * cp > (cost.gpus_per_node or 8) else bw_group
+        cp_bw = (cost.fabric_bw or bw_group) if layout.tp * cp > (cost.gpus_per_node or 8) else bw_group
         comm_cp = (4 * cost.layers / layout.pp * (cp - 1) / cp * tokens / dp * per_layer / layout.tp) / cp_bw
     n = dp * cp
     dense = (cost.params - cost.expert_params) / (layout.tp * layout.pp)
