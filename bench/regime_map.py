@@ -80,21 +80,21 @@ def main() -> None:
     for r in rows:
         by.setdefault((r["model"], r["gpus"], r["tail"]), {})[r["spec"]] = r
     print("| model | GPUs | engine tp | trainer floor | tail weight | train share (colocated) | "
-          "elastic/colocated | elastic/best async | best async |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+          "colocated s | elastic k=1 s | best async k=1 s | elastic/colocated | elastic/best async | best async |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     points = []
     for (model, gpus, tail), rs in by.items():
         col, el = rs["colocated"], rs["elastic:staleness=1"]
         asy = [r for s, r in rs.items() if s.startswith("async") and not r["error"]]
         if col["error"] or el["error"] or not asy:
             errs = "; ".join(f"{s}: {r['error']}" for s, r in rs.items() if r["error"])
-            print(f"| {model} | {gpus} | | | {tail} | | | | failed: {errs} |")
+            print(f"| {model} | {gpus} | | | {tail} | | | | | | | failed: {errs} |")
             continue
         best = min(asy, key=lambda r: r["seconds"])
         vs_col, vs_async = col["seconds"] / el["seconds"], best["seconds"] / el["seconds"]
         points.append((model, gpus, tail, col["train_share"], vs_col, vs_async))
         print(f"| {model} | {gpus} | {col['tp']} | {col['floor']} | {tail:g} | {col['train_share']:.2f} | "
-              f"{vs_col:.2f}x | {vs_async:.2f}x | {best['spec'].split(':')[1]} |")
+              f"{col['seconds']:.0f} | {el['seconds']:.0f} | {best['seconds']:.0f} | {vs_col:.2f}x | {vs_async:.2f}x | {best['spec'].split(':')[1]} |")
     plot(points, a.out)
     print(f"\nwrote {a.out}; bench wall time {time.time() - t0:.0f} s")
 

@@ -130,6 +130,9 @@ def run_cmd(
         cfg = load_config(config) if config is not None else ConfigFile()
         if trace is not None:
             raise ConfigError("--trace is for the simulator; a --live run records its own trace")
+        if model_preset is not None or gpu_preset is not None:
+            raise ConfigError("--model/--gpu choose the simulator's cost model; a --live run measures "
+                              "its own hardware (drop them, or use rlsched calibrate)")
         try:
             from rlsched.real.driver import run_live
         except ImportError as exc:

@@ -124,7 +124,7 @@ class CostModel:
             if 0 < v < self.switch_s:  # sim/bound.py charges switch_s as the cheapest switch
                 raise ConfigError(f"cost model: {name}={shown(v)} is below switch_s={shown(self.switch_s)}: "
                                   "set switch_s to the cheapest switch (the lower bound charges it)")
-        if self.kv_capacity_tokens(1) < 1 and self.kv_capacity_tokens(8) < 1 and not self.modelled:
+        if self.kv_capacity_tokens(1) < 1 and self.kv_capacity_tokens(8) < 1 and not self.preset:
             raise ConfigError("cost model: the model's weights do not fit in GPU memory")
         if self.expert_params > self.params:
             raise ConfigError(f"cost model: expert_params={shown(self.expert_params)} exceeds "
@@ -159,6 +159,12 @@ class CostModel:
     def modelled(self) -> bool:
         """Trainer memory (floor, resharding, scaling) is modelled (a preset set it)."""
         return self.train_seq_tokens > 0
+
+    @property
+    def preset(self) -> bool:
+        """A preset's realism is on (trainer memory or topology): engines may need more than
+        8 GPUs, which the driver checks against the run's tp instead of refusing at load."""
+        return self.modelled or self.gpus_per_node > 0
 
     @property
     def width(self) -> int:

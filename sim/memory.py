@@ -258,7 +258,7 @@ def trainer_floor(state: Any, cost: CostModel, tp: int, kv_capacity: int) -> Tra
     """The driver's setup: refuse an engine that cannot hold the weights (a preset's large
     model on too few GPUs per engine), tell the cluster state (and so the policies' view)
     the trainer's floor, and return the layout the trainer times its jobs with."""
-    if cost.modelled and kv_capacity < 1:
+    if cost.preset and kv_capacity < 1:
         need = min_engine_gpus(cost)
         raise ConfigError(
             f"cost model: an engine of tp={tp} GPUs cannot hold the {cost.weight_bytes / 1e9:.0f} GB of "

@@ -62,3 +62,8 @@ def test_compare_with_a_preset_and_config(tmp_path, capsys) -> None:
     assert main(["compare", "--no-report", "--gpus", "8", "--steps", "1", "--policies", "colocated",
                  "--out", str(tmp_path / "d"), "--model", "qwen2.5-32b", "--gpu", "h100"]) == 2
     assert "fewer than the trainer's floor of 16" in capsys.readouterr().err
+
+
+def test_live_run_refuses_a_preset(capsys) -> None:
+    assert main(["run", "--live", "--out", "unused", "--policy", "colocated", "--model", "qwen2.5-7b"]) == 2
+    assert "--model/--gpu choose the simulator's cost model" in capsys.readouterr().err
