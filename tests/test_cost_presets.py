@@ -245,3 +245,31 @@ def test_no_policy_beats_the_bound_with_the_floor(tmp_path) -> None:
     for _, row in s.iterrows():
         assert row["sim_seconds"] >= row["lower_bound_seconds"] * (1 - 1e-9), row["policy"]
     assert math.isfinite(float(s["lower_bound_seconds"].min()))
+
+
+def test_async_split_keeps_the_trainer_at_its_floor() -> None:
+    from rlsched.policies.common import engine_split
+
+    st = ClusterState(64, 4, [[("r0", "t0")]], 0)
+    rollout, train = engine_split(st, 0.75)
+    assert (len(rollout), len(train)) == (48, 16)  # no floor: the fraction as asked
+    st.set_trainer_floor(32, 32)
+    rollout, train = engine_split(st, 0.75)
+    assert (len(rollout), len(train)) == (32, 32)
+    rollout, train = engine_split(st, 0.25)
+    assert (len(rollout), len(train)) == (16, 48)  # above the floor: unchanged
+
+
+@pytest.mark.parametrize("spec", ["colocated", "async", "elastic", "partial", "elastic:staleness=1"])
+def test_every_policy_runs_on_a_trillion_parameter_moe(spec: str, tmp_path) -> None:
+    """Kimi K2 on H200: 16-GPU expert-parallel engines across two domains, a 256-GPU floor."""
+    from rlsched.cluster.config import RunConfig
+    from rlsched.compare import ComparePlan, compare
+    from rlsched.traces import sample_trace_path
+
+    cost = preset_cost("kimi-k2", "h200")
+    assert train_layout(cost).min_gpus == 256
+    plan = ComparePlan(sample_trace_path(), (spec,), RunConfig(gpus=1024, tp=16, steps=1), cost)
+    s = compare(plan, tmp_path / "o", report=False)
+    assert int(s["steps"].iloc[0]) == 1
+    assert float(s["sim_seconds"].iloc[0]) >= float(s["lower_bound_seconds"].iloc[0])
