@@ -41,7 +41,7 @@ def show_cmd(
     config: ConfigOpt = None,
     tp: Annotated[int | None, typer.Option("--tp", help="GPUs per inference engine (default: the config's).")] = None,
     seq: Annotated[float | None, typer.Option("--seq", help="Trained sequence length in tokens (train_seq_tokens).")] = None,
-    context: Annotated[float, typer.Option("--context", help="Context per sequence for the decode-step figures.")] = 32768.0,
+    context: Annotated[float, typer.Option("--context", help="Context per sequence for the decode-step figures (capped by the engine's KV).")] = 32768.0,
 ) -> None:
     """Print the derived figures: KV capacity per engine, trainer floor and memory, sync,
     resharding and decode-step times."""
@@ -52,11 +52,11 @@ def show_cmd(
     _cfg, run, c = resolve_settings(config, cost, model_preset, gpu_preset, tp=tp)
     if seq is not None:
         c = replace(c, train_seq_tokens=float(seq))  # type: ignore[type-var]
-    for line in describe(c, run.tp):  # type: ignore[arg-type]
+    for line in describe(c, run.tp, context):  # type: ignore[arg-type]
         typer.echo(line)
 
 
-def describe(c: object, tp: int) -> list[str]:
+def describe(c: object, tp: int, context: float = 32768.0) -> list[str]:
     """The lines of ``cost show`` (a function, so tests read the same figures)."""
     from rlsched.sim.cost import CostModel
     from rlsched.sim.memory import min_engine_gpus, reshard_s, train_job_s, train_layout
@@ -83,7 +83,7 @@ def describe(c: object, tp: int) -> list[str]:
         spans = c.spans_nodes(0, tp)
         co = c.decode_coefficients(tp, spans)
         for b in (1, 32, c.max_num_seqs):
-            ctx = min(b * 32768.0 if b > 1 else 32768.0, float(cap))
+            ctx = min(b * context, float(cap))  # (b sequences of ``context`` tokens, as KV allows)
             step = co.step_s(b, ctx)
             out.append(f"decode     batch {b:>3}, {ctx:,.0f} context tokens: {step * 1e3:.2f} ms per step, "
                        f"{b / step:,.0f} tokens/s per engine"
