@@ -256,6 +256,7 @@ class ClusterState:
         self.failed: set[GpuId] = set()  # failed GPUs (role IDLE) until they recover
         self.trainer_floor: tuple[int, int] = (1, 1)  # (min_gpus, grow_unit): see set_trainer_floor
         self._floor_why = ""
+        self.node_size = 0  # GPUs per NVLink domain (the cost model's topology; 0: flat)
 
     # ------------------------------------------------------------------ view
     @property
@@ -269,6 +270,12 @@ class ClusterState:
     @property
     def tp(self) -> int:
         return self._tp
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs per NVLink domain: GPU ``g`` sits in node ``g // gpus_per_node`` (0: one flat
+        fabric). Moves within a node are cheaper (sync, resharding) under a topology preset."""
+        return self.node_size
 
     @property
     def num_steps(self) -> int:

@@ -257,12 +257,14 @@ def min_engine_gpus(cost: CostModel) -> int:
 def trainer_floor(state: Any, cost: CostModel, tp: int, kv_capacity: int) -> TrainLayout:
     """The driver's setup: refuse an engine that cannot hold the weights (a preset's large
     model on too few GPUs per engine), tell the cluster state (and so the policies' view)
-    the trainer's floor, and return the layout the trainer times its jobs with."""
+    the trainer's floor and the node size, and return the layout the trainer times its
+    jobs with."""
     if cost.preset and kv_capacity < 1:
         need = min_engine_gpus(cost)
         raise ConfigError(
             f"cost model: an engine of tp={tp} GPUs cannot hold the {cost.weight_bytes / 1e9:.0f} GB of "
             f"weights in {cost.hbm_bytes / 1e9:g} GB per GPU: use tp >= {need}")
+    state.node_size = cost.gpus_per_node
     layout = train_layout(cost)
     if layout.memory is not None:
         m = layout.memory

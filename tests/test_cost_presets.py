@@ -198,6 +198,7 @@ def test_reassign_below_the_floor_is_refused() -> None:
     info = st.trainer()
     assert (info.min_gpus, info.grow_unit) == (8, 4)
     assert ClusterState(16, 4, [[("r0", "t0")]], 0).trainer().min_gpus == 1  # default: no floor
+    assert st.gpus_per_node == 0  # flat unless a driver with a topology says otherwise
 
 
 def test_simulator_refuses_a_policy_that_shrinks_below_the_floor() -> None:
@@ -271,5 +272,15 @@ def test_every_policy_runs_on_a_trillion_parameter_moe(spec: str, tmp_path) -> N
     assert train_layout(cost).min_gpus == 256
     plan = ComparePlan(sample_trace_path(), (spec,), RunConfig(gpus=1024, tp=16, steps=1), cost)
     s = compare(plan, tmp_path / "o", report=False)
+    from rlsched.sim.driver import SimDriver  # the view tells policies the node size
+    from rlsched.sim.workload import Workload
+
+    from simkit import trace
+
+    w = Workload.from_frame(trace([("t", "a", 0, 10, 3, 0.0)]))
+    from rlsched.policies import make_policy
+
+    d = SimDriver(w, [[("a", "a")]], make_policy(spec), RunConfig(gpus=1024, tp=16, steps=1), cost)
+    assert d.state.gpus_per_node == 8 and d.state.trainer().min_gpus == 256
     assert int(s["steps"].iloc[0]) == 1
     assert float(s["sim_seconds"].iloc[0]) >= float(s["lower_bound_seconds"].iloc[0])
