@@ -6,6 +6,7 @@ reported. Prints one table per (trace, cluster size) and the ratios. Run:
 
     python bench/bench_policies.py            # shipped long-tail sample + seed-scale slice
     python bench/bench_policies.py --quick    # sample trace only, 64 GPUs
+    python bench/bench_policies.py --quick --model qwen2.5-32b --gpu h200   # a cost preset
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from rlsched.cluster.config import RunConfig
 from rlsched.policies import make_policy
-from rlsched.sim.cost import CostModel
+from rlsched.sim.presets import default_cost, preset_cost
 from rlsched.sim.run import simulate
 from rlsched.sim.workload import Workload
 from rlsched.traces import draw_batches, generate_trace, load_trace, sample_trace_path, write_trace
@@ -27,6 +28,7 @@ FRACTIONS = (0.25, 0.375, 0.5, 0.625, 0.75)
 BASE = ["colocated", "elastic", "elastic:staleness=1", "partial"]
 ASYNC = [f"async:rollout_fraction={f},staleness={k}" for k in (0, 1) for f in FRACTIONS]
 _CACHE: dict[str, tuple] = {}
+PRESET: tuple[str | None, str | None] = (None, None)  # --model/--gpu (None: the default cost model)
 
 
 def _setup(trace: str, steps: int, tasks: int | None):
@@ -37,11 +39,12 @@ def _setup(trace: str, steps: int, tasks: int | None):
     return _CACHE[key]
 
 
-def run_one(args: tuple[str, str, int, int, int | None, bool]) -> dict:
-    trace, spec, gpus, steps, tasks, processor = args
+def run_one(args: tuple[str, str, int, int, int | None, bool, tuple[str | None, str | None]]) -> dict:
+    trace, spec, gpus, steps, tasks, processor, preset = args
     w, b = _setup(trace, steps, tasks)
     t0 = time.perf_counter()
-    out = simulate(w, b, make_policy(spec), RunConfig(gpus=gpus, tp=4, steps=steps, processor=processor), CostModel())
+    cost = preset_cost(*preset) if any(preset) else default_cost()
+    out = simulate(w, b, make_policy(spec), RunConfig(gpus=gpus, tp=4, steps=steps, processor=processor), cost)
     r = out.result
     busy = r.gpu_seconds.get("generate", 0.0) + r.gpu_seconds.get("train", 0.0)
     return {
@@ -65,8 +68,8 @@ def table(rows: list[dict], title: str) -> None:
 
 
 def study(pool: ProcessPoolExecutor, trace: str, label: str, gpus: int, steps: int, tasks: int | None) -> None:
-    jobs = [(trace, s, gpus, steps, tasks, False) for s in BASE + ASYNC]
-    jobs += [(trace, s, gpus, steps, tasks, True) for s in ("colocated", "elastic", "elastic:staleness=1")]
+    jobs = [(trace, s, gpus, steps, tasks, False, PRESET) for s in BASE + ASYNC]
+    jobs += [(trace, s, gpus, steps, tasks, True, PRESET) for s in ("colocated", "elastic", "elastic:staleness=1")]
     rows = list(pool.map(run_one, jobs))
     main = [r for r in rows if not r["processor"] and not r["spec"].startswith("async")]
     best = {}
@@ -97,7 +100,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed-steps", type=int, default=6, help="steps of the seed-scale slice")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--model", help="model preset (sim/presets.py); default: the default cost model")
+    ap.add_argument("--gpu", help="GPU preset (sim/presets.py)")
     a = ap.parse_args()
+    global PRESET
+    PRESET = (a.model, a.gpu)
     t0 = time.time()
     sample = str(sample_trace_path())
     with ProcessPoolExecutor(a.workers) as pool:

@@ -254,6 +254,9 @@ class ClusterState:
         self.accumulated: list[TrajectoryId] = []
         self.switching: set[GpuId] = set()
         self.failed: set[GpuId] = set()  # failed GPUs (role IDLE) until they recover
+        self.trainer_floor: tuple[int, int] = (1, 1)  # (min_gpus, grow_unit): see set_trainer_floor
+        self._floor_why = ""
+        self.node_size = 0  # GPUs per NVLink domain (the cost model's topology; 0: flat)
 
     # ------------------------------------------------------------------ view
     @property
@@ -267,6 +270,12 @@ class ClusterState:
     @property
     def tp(self) -> int:
         return self._tp
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs per NVLink domain: GPU ``g`` sits in node ``g // gpus_per_node`` (0: one flat
+        fabric). Moves within a node are cheaper (sync, resharding) under a topology preset."""
+        return self.node_size
 
     @property
     def num_steps(self) -> int:
@@ -310,6 +319,7 @@ class ClusterState:
         return TrainerInfo(
             self.gpus_in(Role.TRAIN), self.version, self.trainer_busy,
             self.queued_micro_batches, len(self.accumulated), self.queued_optimizer_steps,
+            *self.trainer_floor,
         )
 
     def batch(self, step: int) -> tuple[TrajectoryId, ...]:
@@ -369,6 +379,12 @@ class ClusterState:
         if now < self._now:
             raise AssertionError(f"time went backwards: {now} < {self._now}")
         self._now = now
+
+    def set_trainer_floor(self, min_gpus: int, grow_unit: int, why: str = "") -> None:
+        """The trainer needs ``min_gpus`` GPUs to hold its state and grows by ``grow_unit``
+        (the cost model's memory floor; ``why`` names it in refusals)."""
+        self.trainer_floor = (min_gpus, grow_unit)
+        self._floor_why = why
 
     def add_engine(self, es: EngineState) -> None:
         """``es`` serves rollout from now on (it counts unless it is draining)."""
@@ -531,6 +547,15 @@ class ClusterState:
                 raise PolicyError(f"Reassign of GPU {g}, which has failed (wait for WorkerRecovered)")
             if self.roles[g] is role:
                 raise PolicyError(f"Reassign of GPU {g} to {role}, which it already has")
+        floor = self.trainer_floor[0]
+        if floor > 1 and role is not Role.TRAIN:
+            leaving = sum(1 for g in gpus if self.roles[g] is Role.TRAIN)
+            left = len(self.gpus_in(Role.TRAIN)) - leaving
+            if leaving and 0 < left < floor:
+                why = self._floor_why
+                raise PolicyError(
+                    f"Reassign of {leaving} trainer GPUs leaves the trainer {left} GPUs, below its floor "
+                    f"of {floor}{f' ({why})' if why else ''}: move all of them or keep at least {floor}")
         sel = set(gpus)
         touched = {self.engine_of(g) for g in gpus}
         for e in touched:

@@ -42,6 +42,11 @@ class TrainerInfo:
     queued_micro_batches: int
     accumulated: int  # trajectories whose gradients await the next optimizer step
     queued_optimizer_steps: int
+    # the smallest trainer that can hold the model (its floor) and the unit it grows by (one
+    # data-parallel replica); 1 and 1 mean no floor. GPUs beyond whole units idle; a trainer
+    # below its floor runs nothing, and a Reassign leaving it with 0 < n < min_gpus is refused.
+    min_gpus: int = 1
+    grow_unit: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +85,8 @@ class ClusterView(Protocol):
     def tp(self) -> int: ...
     @property
     def num_steps(self) -> int: ...
+    @property
+    def gpus_per_node(self) -> int: ...  # GPUs per NVLink domain (GPU g is in node g // n); 0: flat
 
     def role(self, gpu: GpuId) -> Role: ...
     def gpus_in(self, role: Role) -> tuple[GpuId, ...]: ...

@@ -16,9 +16,15 @@ def engine_split(view: ClusterView, rollout_fraction: float) -> tuple[tuple[int,
     """Split the cluster into (rollout GPUs, train GPUs) on engine boundaries.
 
     At least one engine goes to each side; the rollout share is rounded to whole engines.
+    The train side gets at least the trainer's memory floor when the cluster has one (a
+    cost-model preset; without one the floor is 1 GPU and this changes nothing), since a
+    trainer below it cannot run.
     """
     engines = view.num_gpus // view.tp
     r = min(engines - 1, max(1, round(engines * rollout_fraction)))
+    floor = view.trainer().min_gpus
+    if floor > 1:
+        r = max(1, min(r, engines - -(-floor // view.tp)))
     cut = r * view.tp
     return tuple(range(cut)), tuple(range(cut, view.num_gpus))
 

@@ -41,6 +41,7 @@ def build_app() -> typer.Typer:
     )
     from rlsched import (
         cli_calibrate,
+        cli_cost,
         cli_import,
         cli_plan,
         cli_policy,
@@ -56,6 +57,7 @@ def build_app() -> typer.Typer:
     app.add_typer(cli_trace.trace_app, name="trace")
     cli_report.register(app)
     cli_calibrate.register(app)
+    cli_cost.register(app)
     return app
 
 

@@ -14,7 +14,9 @@ import typer
 from rlsched.cli_run import (
     ConfigOpt,
     CostOpt,
+    GpuOpt,
     GpusOpt,
+    ModelOpt,
     SamplesOpt,
     StepsOpt,
     TasksOpt,
@@ -40,6 +42,8 @@ def plan_cmd(
     trace: TraceOpt = None,
     config: ConfigOpt = None,
     cost: CostOpt = None,
+    model_preset: ModelOpt = None,
+    gpu_preset: GpuOpt = None,
     gpus: GpusOpt = None,
     tp: TpOpt = None,
     steps: StepsOpt = None,
@@ -64,7 +68,7 @@ def plan_cmd(
     from rlsched.traces import load_trace
 
     cfg, run, model = resolve_settings(
-        config, cost, gpus=gpus, tp=tp, steps=steps, tasks_per_step=tasks_per_step,
+        config, cost, model_preset, gpu_preset, gpus=gpus, tp=tp, steps=steps, tasks_per_step=tasks_per_step,
         samples_per_task=samples_per_task, seed=seed,
     )
     names = None

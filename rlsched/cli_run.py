@@ -20,18 +20,21 @@ TasksOpt = Annotated[int | None, typer.Option("--tasks-per-step", help="Tasks dr
 SamplesOpt = Annotated[int | None, typer.Option("--samples-per-task", help="Trajectories used per task.")]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Seed for the run.")]
 CheckOpt = Annotated[bool, typer.Option("--check", help="Check invariants at run time (slower).")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Model preset (see `rlsched cost list`), e.g. qwen2.5-32b.")]
+GpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU preset (see `rlsched cost list`), e.g. h200.")]
 
 
 def resolve_settings(
-    config: Path | None, cost: Path | None, **overrides: int | bool | None
+    config: Path | None, cost: Path | None, model_name: str | None = None, gpu_name: str | None = None,
+    **overrides: int | bool | None,
 ) -> tuple[ConfigFile, RunConfig, object]:
-    from rlsched.sim.cost import CostModel
+    """Run settings and the cost model: a preset (``--model``/``--gpu``, else the config's
+    ``[cost] model``/``gpu``, else the default), then a ``--cost`` file, then ``[cost]``."""
+    from rlsched.sim.presets import resolve_cost
 
     cfg = load_config(config) if config is not None else ConfigFile()
     run = cfg.run.with_overrides(**overrides)
-    model = CostModel.from_file(cost) if cost is not None else CostModel()
-    if cfg.cost:
-        model = model.with_overrides(cfg.cost, source=f"{cfg.source} [cost]")
+    model = resolve_cost(model_name, gpu_name, cost, cfg.cost, f"{cfg.source} [cost]")
     return cfg, run, model
 
 
@@ -58,6 +61,8 @@ def compare_cmd(
     policy: Annotated[list[str] | None, typer.Option("--policy", help="Policy spec NAME[:key=value,...]; repeatable.")] = None,
     config: ConfigOpt = None,
     cost: CostOpt = None,
+    model_preset: ModelOpt = None,
+    gpu_preset: GpuOpt = None,
     gpus: GpusOpt = None,
     tp: TpOpt = None,
     steps: StepsOpt = None,
@@ -74,7 +79,7 @@ def compare_cmd(
     from rlsched.ui import console_err, print_summary, step_progress
 
     cfg, run, model = resolve_settings(
-        config, cost, gpus=gpus, tp=tp, steps=steps, tasks_per_step=tasks_per_step,
+        config, cost, model_preset, gpu_preset, gpus=gpus, tp=tp, steps=steps, tasks_per_step=tasks_per_step,
         samples_per_task=samples_per_task, seed=seed, check=check or None,
     )
     specs = resolve_specs(policy or [], policies, cfg.policies)
@@ -99,6 +104,8 @@ def run_cmd(
     trace: TraceOpt = None,
     config: ConfigOpt = None,
     cost: CostOpt = None,
+    model_preset: ModelOpt = None,
+    gpu_preset: GpuOpt = None,
     gpus: GpusOpt = None,
     tp: TpOpt = None,
     steps: StepsOpt = None,
@@ -123,6 +130,9 @@ def run_cmd(
         cfg = load_config(config) if config is not None else ConfigFile()
         if trace is not None:
             raise ConfigError("--trace is for the simulator; a --live run records its own trace")
+        if model_preset is not None or gpu_preset is not None:
+            raise ConfigError("--model/--gpu choose the simulator's cost model; a --live run measures "
+                              "its own hardware (drop them, or use rlsched calibrate)")
         try:
             from rlsched.real.driver import run_live
         except ImportError as exc:
@@ -150,7 +160,7 @@ def run_cmd(
     from rlsched.ui import print_summary, step_progress
 
     cfg, run, model = resolve_settings(
-        config, cost, gpus=gpus, tp=tp, steps=steps, tasks_per_step=tasks_per_step,
+        config, cost, model_preset, gpu_preset, gpus=gpus, tp=tp, steps=steps, tasks_per_step=tasks_per_step,
         samples_per_task=samples_per_task, seed=seed, check=check or None,
     )
     plan = ComparePlan(resolve_trace_path(trace, cfg), (policy,), run, model)  # type: ignore[arg-type]

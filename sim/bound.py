@@ -23,8 +23,10 @@ from __future__ import annotations
 import numpy as np
 
 from rlsched.cluster.config import RunConfig
+from rlsched.cluster.errors import ConfigError
 
 from .cost import CostModel
+from .memory import train_job_s, train_layout
 from .workload import Batches, Workload
 
 
@@ -49,14 +51,9 @@ def lower_bound(
     cum = np.cumsum(tok)
     before_traj = np.repeat(cum[starts] - tok[starts], workload.turns)
     ctx_before = cum - tok - before_traj
-    prefill = (2 * cost.params * p + 4 * cost.layers * cost.d_model * p * (ctx_before + p / 2)) / (
-        tp * cost.peak_flops * cost.prefill_eff
-    )
-    mem0 = (cost.weight_bytes + cost.kv_bytes_per_token * (ctx_before + p)) / (
-        tp * cost.hbm_bw * cost.decode_bw_eff
-    )
-    comp1 = 2 * cost.params / (tp * cost.peak_flops * cost.decode_compute_eff)
-    solo = prefill + o * (cost.decode_overhead_s + np.maximum(mem0, comp1)) + workload.env
+    prefill = cost.prefill_s(tp, p, ctx_before)
+    # alone on an engine (batch 1) at the turn's smallest context, the cheapest placement
+    solo = prefill + o * cost.decode_coefficients(tp).step_s(1, ctx_before + p, np.maximum) + workload.env
     bmax = cost.max_num_seqs
     best_step = cost.decode_step_s(tp, bmax, 0.0)
     gpu_work = tp * (prefill + o * best_step / bmax)
@@ -65,7 +62,14 @@ def lower_bound(
     cs_tok = np.concatenate([[0.0], cum])
     del n_rows
 
-    train_rate = gpus * cost.peak_flops * cost.train_mfu
+    # the trainer works on whole replicas of its model-parallel group, at least its floor,
+    # and every step reduces gradients at least once at a width of at least the floor
+    layout = train_layout(cost)
+    use = layout.usable(gpus)
+    if use == 0:
+        raise ConfigError(f"lower bound: {gpus} GPUs are fewer than the trainer's floor of {layout.min_gpus}")
+    train_rate = use * cost.peak_flops * cost.train_mfu
+    reduce = 0.0 if layout.memory is None else train_job_s(cost, layout, 0.0, 0.0, layout.min_gpus, False)
     step_crit: list[float] = []
     total_work = 0.0
     whole_crit = 0.0
@@ -92,9 +96,10 @@ def lower_bound(
             whole_crit = max(whole_crit, path)
             crit = max(crit, path)
             total_work += (cs_work[e] - cs_work[s]) + fl / (cost.peak_flops * cost.train_mfu)
-        step_crit.append(crit + cost.optimizer_step_s)
+        step_crit.append(crit + reduce + cost.optimizer_step_s)
+        total_work += reduce * layout.min_gpus
     start = cost.switch_s
-    refresh = min(cost.sync_s(), cost.switch_s)
+    refresh = min(cost.sync_s(tp, local=True), cost.switch_s)
     work_bound = start + total_work / gpus
     steps = len(step_crit)
     if defers:

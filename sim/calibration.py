@@ -87,9 +87,11 @@ def fit_decode(rows: pd.DataFrame, c: CostModel, tp: int) -> Fitted:
     b = d["batch"].to_numpy(float)
     ctx = d["context"].to_numpy(float)
     y = d["seconds"].to_numpy(float)
-    # log-efficiencies keep the search well scaled across orders of magnitude
-    mem0 = (c.weight_bytes + c.kv_bytes_per_token * ctx) / (tp * c.hbm_bw)
-    comp0 = 2 * c.params * b / (tp * c.peak_flops)
+    # log-efficiencies keep the search well scaled across orders of magnitude: the decode
+    # formula's two terms at efficiency 1 (the cost model's own coefficients)
+    unit = c.with_overrides({"decode_bw_eff": 1.0, "decode_compute_eff": 1.0}).decode_coefficients(tp)
+    mem0 = unit.mem_s(b, ctx)
+    comp0 = unit.comp_s(b)
 
     def model(x: np.ndarray) -> np.ndarray:
         o, le_bw, le_c = x
@@ -115,7 +117,7 @@ def fit_prefill(rows: pd.DataFrame, c: CostModel, tp: int) -> Fitted:
     cached = d["cached"].to_numpy(float)
     first = np.array([c.decode_step_s(tp, 1, n + k) for n, k in zip(new, cached, strict=True)])
     y = np.maximum(d["seconds"].to_numpy(float) - first, 1e-6)
-    flops = 2 * c.params * new + 4 * c.layers * c.d_model * new * (cached + new / 2)
+    flops = 2 * c.active_params * new + 4 * c.layers * c.d_model * new * (cached + new / 2)
     base = flops / (tp * c.peak_flops)
     x = _solve(lambda x: base / math.exp(x[0]) - y, [[math.log(0.1)], [math.log(1e-3)]],
                [math.log(1e-9)], [math.log(10.0)], float(np.median(y)) * 0.1)

@@ -34,6 +34,7 @@ from rlsched.cluster.state import ClusterState
 from .cost import CostModel
 from .engine import EngineSim, KvPool
 from .gpus import GpuStates
+from .memory import trainer_floor
 from .timers import NORMAL, Call, queue_of
 from .trainer import TrainerSim
 from .traj import SimTraj
@@ -120,6 +121,7 @@ class DriverCore:
         self.state.use_kv_source(self.kv_pool_total)
         self.kv_capacity = cost.kv_capacity_tokens(config.tp)
         self.trainer = TrainerSim()
+        self.layout = trainer_floor(self.state, cost, config.tp, self.kv_capacity)  # (see .memory)
         self.gpus = GpuStates(config.gpus, recorder)
         self.gpu_busy = self.gpus.busy  # (typed in core.pxd: engines add to it per turn)
         # the recorder's interval arrays, written per turn by turns.engine_touch

@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import math
 import tomllib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,30 @@ class CostModel:
     switch_to_train_per_gpu_s: float = 0.0  # per GPU beyond the first switching together
     switch_to_rollout_per_gpu_s: float = 0.0  # per GPU beyond the first switching together
     optimizer_step_s: float = 1.0
+    # ---- realism from presets (sim/presets.py; see sim/COST_MODEL.md). Every default
+    # below switches its part off, so a cost model without a preset charges exactly what it
+    # charged before these fields existed.
+    # attention/residual shape beyond the KV layout (0: = d_model)
+    hidden: int = 0  # residual-stream width (activation memory, all-to-all bytes)
+    # mixture of experts (0 experts: dense)
+    expert_params: float = 0.0  # parameters in routed experts, all layers (part of params)
+    experts: int = 0  # routed experts per MoE layer
+    experts_per_token: int = 0  # routed experts each token activates
+    # trainer memory (train_seq_tokens 0: not modelled -> no floor, free resharding)
+    train_seq_tokens: float = 0.0  # longest sequence the trainer must hold (tokens)
+    train_weight_bytes: float = 2.0  # bf16 weights while training
+    grad_bytes: float = 4.0  # fp32 main gradients (Megatron's default)
+    optim_bytes: float = 12.0  # fp32 master weights + Adam m and v
+    zero_stage: int = 1  # 1: optimizer sharded (Megatron distributed optimizer), 2: + grads, 3: + weights
+    act_bytes_per_token_layer: float = 2.0  # per hidden unit: the checkpointed layer input (full recompute)
+    act_working_bytes: float = 34.0  # per hidden unit and token: one layer's working set (Korthikanti et al.)
+    grad_reduce_bytes: float = 2.0  # bytes per gradient on the wire (bf16 reduction)
+    # topology (gpus_per_node 0: one flat fabric, sync_bw / kv_transfer_bw as before)
+    gpus_per_node: int = 0  # GPUs in one NVLink domain (8 per HGX node, 72 per NVL72 rack)
+    nvlink_bw: float = 0.0  # per GPU, one direction, inside the domain (0: sync_bw / kv_transfer_bw)
+    fabric_bw: float = 0.0  # per GPU, one direction, between domains, its NIC (0: sync_bw / kv_transfer_bw)
+    host_bw: float = 0.0  # per GPU to host memory: trainer offload / onload (0: free)
+    a2a_latency_s: float = 0.0  # one expert-parallel all-to-all across domains (decode, per layer x2)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -99,8 +124,16 @@ class CostModel:
             if 0 < v < self.switch_s:  # sim/bound.py charges switch_s as the cheapest switch
                 raise ConfigError(f"cost model: {name}={shown(v)} is below switch_s={shown(self.switch_s)}: "
                                   "set switch_s to the cheapest switch (the lower bound charges it)")
-        if self.kv_capacity_tokens(1) < 1 and self.kv_capacity_tokens(8) < 1:
+        if self.kv_capacity_tokens(1) < 1 and self.kv_capacity_tokens(8) < 1 and not self.preset:
             raise ConfigError("cost model: the model's weights do not fit in GPU memory")
+        if self.expert_params > self.params:
+            raise ConfigError(f"cost model: expert_params={shown(self.expert_params)} exceeds "
+                              f"params={shown(self.params)} (experts are part of the total)")
+        if self.expert_params > 0 and not 0 < self.experts_per_token <= self.experts:
+            # (expert_params is what makes a model MoE; experts alone are inert)
+            raise ConfigError(f"cost model: expert_params={shown(self.expert_params)} needs 0 < "
+                              f"experts_per_token <= experts; got experts={self.experts}, "
+                              f"experts_per_token={self.experts_per_token}")
 
     # ---------------------------------------------------------------- derived
     @property
@@ -111,31 +144,88 @@ class CostModel:
     def kv_bytes_per_token(self) -> float:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes_per_elem
 
+    @property
+    def moe(self) -> bool:
+        return self.expert_params > 0
+
+    @property
+    def active_params(self) -> float:
+        """Parameters one token uses: all but the routed experts it does not visit."""
+        if not self.moe:
+            return self.params
+        return self.params - self.expert_params * (1.0 - self.experts_per_token / self.experts)
+
+    @property
+    def modelled(self) -> bool:
+        """Trainer memory (floor, resharding, scaling) is modelled (a preset set it)."""
+        return self.train_seq_tokens > 0
+
+    @property
+    def preset(self) -> bool:
+        """A preset's realism is on (trainer memory or topology): engines may need more than
+        8 GPUs, which the driver checks against the run's tp instead of refusing at load."""
+        return self.modelled or self.gpus_per_node > 0
+
+    @property
+    def width(self) -> int:
+        """Residual-stream width (``hidden``, or ``d_model`` when unset)."""
+        return self.hidden or self.d_model
+
     def kv_capacity_tokens(self, tp: int) -> int:
         free = tp * self.hbm_bytes * self.gpu_mem_util - self.weight_bytes
         return max(0, int(free // self.kv_bytes_per_token))
 
-    def decode_step_s(self, tp: int, batch: int, context: float) -> float:
-        mem = (self.weight_bytes + self.kv_bytes_per_token * context) / (
-            tp * self.hbm_bw * self.decode_bw_eff
+    def spans_nodes(self, first_gpu: int, count: int) -> bool:
+        """GPUs ``first_gpu .. first_gpu+count-1`` leave one NVLink domain (flat: never)."""
+        n = self.gpus_per_node
+        return n > 0 and first_gpu // n != (first_gpu + count - 1) // n
+
+    def decode_coefficients(self, tp: int, spans_nodes: bool = False) -> DecodeCoeffs:
+        """The decode-step formula's constants for an engine of ``tp`` GPUs: the one place
+        they are folded (the engine's hot loop, the lower bound and calibration use these)."""
+        per_seq = overhead = 0.0
+        if self.moe and spans_nodes and self.a2a_latency_s > 0 and self.fabric_bw > 0:
+            # expert parallelism across NVLink domains: a dispatch and a combine all-to-all
+            # per MoE layer, each a latency plus the batch's routed activations over the NICs
+            overhead = 2 * self.layers * self.a2a_latency_s
+            per_seq = (2 * self.layers * self.experts_per_token * self.width * self.bytes_per_param
+                       / (tp * self.fabric_bw))
+        expert = self.expert_params * self.bytes_per_param if self.moe else 0.0
+        return DecodeCoeffs(
+            weights=self.weight_bytes - expert,
+            expert=expert,
+            miss=(1.0 - self.experts_per_token / self.experts) if self.moe else 1.0,
+            kv_tok=self.kv_bytes_per_token,
+            mem_den=tp * self.hbm_bw * self.decode_bw_eff,
+            params2=2 * self.active_params,
+            comp_den=tp * self.peak_flops * self.decode_compute_eff,
+            overhead=self.decode_overhead_s + overhead,
+            per_seq=per_seq,
         )
-        comp = 2 * self.params * batch / (tp * self.peak_flops * self.decode_compute_eff)
-        return self.decode_overhead_s + (mem if mem > comp else comp)
+
+    def decode_step_s(self, tp: int, batch: int, context: float) -> float:
+        return self.decode_coefficients(tp).step_s(batch, context)
 
     def prefill_s(self, tp: int, new: float, cached: float) -> float:
-        flops = 2 * self.params * new + 4 * self.layers * self.d_model * new * (cached + new / 2)
+        flops = 2 * self.active_params * new + 4 * self.layers * self.d_model * new * (cached + new / 2)
         return flops / (tp * self.peak_flops * self.prefill_eff)
 
     def train_flops(self, tokens: float, prefix: float = 0.0) -> float:
         """FLOPs to train ``tokens`` new tokens that attend to ``prefix`` earlier ones."""
         end = prefix + tokens
-        return 6 * self.params * tokens + 6 * self.layers * self.d_model * (end * end - prefix * prefix)
+        return 6 * self.active_params * tokens + 6 * self.layers * self.d_model * (end * end - prefix * prefix)
 
     def train_s(self, flops: float, gpus: int) -> float:
         return flops / (gpus * self.peak_flops * self.train_mfu)
 
-    def sync_s(self) -> float:
-        return self.sync_latency_s + self.weight_bytes / self.sync_bw
+    def sync_s(self, tp: int = 1, local: bool = False) -> float:
+        """Weight sync to one engine of ``tp`` GPUs. Flat (no topology): the whole model over
+        ``sync_bw``. With a topology each engine GPU receives its ``1/tp`` of the weights
+        over NVLink when the trainer shares its domain (``local``), else over its NIC."""
+        if not self.gpus_per_node:
+            return self.sync_latency_s + self.weight_bytes / self.sync_bw
+        bw = (self.nvlink_bw if local else self.fabric_bw) or self.sync_bw  # (unset: the flat one)
+        return self.sync_latency_s + self.weight_bytes / (tp * bw)
 
     def switch_seconds(self, role: str, gpus: int) -> float:
         """Seconds for one switch of ``gpus`` GPUs that move together to ``role`` (a Role
@@ -155,9 +245,15 @@ class CostModel:
             base, slope = 0.0, 0.0
         return (base if base > 0 else self.switch_s) + slope * max(0, gpus - 1)
 
-    def migrate_s(self, tp: int, context: float) -> tuple[float, bool]:
-        """(seconds, by_prefill): the cheaper way to move ``context`` tokens of KV."""
-        transfer = self.kv_bytes_per_token * context / self.kv_transfer_bw
+    def migrate_s(self, tp: int, context: float, local: bool = False) -> tuple[float, bool]:
+        """(seconds, by_prefill): the cheaper way to move ``context`` tokens of KV. With a
+        topology the ``tp`` KV shards move in parallel over NVLink (``local``: both engines
+        in one domain) or the NICs."""
+        if self.gpus_per_node:
+            bw = tp * ((self.nvlink_bw if local else self.fabric_bw) or self.kv_transfer_bw)
+        else:
+            bw = self.kv_transfer_bw
+        transfer = self.kv_bytes_per_token * context / bw
         prefill = self.prefill_s(tp, context, 0.0)
         return (prefill, True) if prefill < transfer else (transfer, False)
 
@@ -186,7 +282,8 @@ class CostModel:
             raise ConfigError(f"{source}: {str(err).removeprefix('cost model: ')}") from None
 
     @classmethod
-    def from_file(cls, path: str | Path) -> CostModel:
+    def from_file(cls, path: str | Path, base: CostModel | None = None) -> CostModel:
+        """A cost file's fields over ``base`` (default: the defaults)."""
         p = Path(path)
         try:
             text = p.read_text()
@@ -205,11 +302,50 @@ class CostModel:
             data = data["cost"]
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: expected a table of cost-model fields")
-        return cls().with_overrides(data, source=str(p))
+        return (base or cls()).with_overrides(data, source=str(p))
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeCoeffs:
+    """One decode step of an engine, constants folded (:meth:`CostModel.decode_coefficients`).
+
+    ``step_s(B, C) = overhead + per_seq*B + max(mem_s(B, C), comp_s(B))``: the bytes every
+    step reads (dense weights, the routed experts the batch touches, the batch's KV) at
+    the engine's HBM bandwidth, or the active parameters' FLOPs, whichever is slower, plus a
+    fixed cost and (expert parallelism across domains) an all-to-all cost per sequence.
+    A batch of ``B`` tokens leaves one expert untouched with probability ``miss**B``
+    (uniform routing), so it reads ``expert * (1 - miss**B)`` expert bytes. ``sim/engine.py``
+    inlines exactly this arithmetic (same operations, same order: identical floats); a
+    dense model has ``expert == per_seq == 0``, which adds exact zeros.
+    """
+
+    weights: float  # bytes read every step whatever the batch (all of a dense model)
+    expert: float  # bytes of the routed experts (0: dense)
+    miss: float  # chance one token leaves a given expert untouched (1 - k/E)
+    kv_tok: float  # KV bytes per context token
+    mem_den: float  # tp * hbm_bw * decode_bw_eff
+    params2: float  # 2 * active parameters (FLOPs per generated token)
+    comp_den: float  # tp * peak_flops * decode_compute_eff
+    overhead: float  # seconds per step
+    per_seq: float  # seconds per sequence in the batch (all-to-all across domains)
+
+    def mem_s(self, batch: Any, context: Any) -> Any:
+        w = self.weights if not self.expert else self.weights + self.expert * (1.0 - self.miss ** batch)
+        return (w + self.kv_tok * context) / self.mem_den
+
+    def comp_s(self, batch: Any) -> Any:
+        return self.params2 * batch / self.comp_den
+
+    def step_s(self, batch: Any, context: Any, maximum: Callable[[Any, Any], Any] = max) -> Any:
+        """Seconds of one step (scalars; pass ``maximum=np.maximum`` for arrays)."""
+        fixed = self.overhead if not self.per_seq else self.overhead + self.per_seq * batch
+        return fixed + maximum(self.mem_s(batch, context), self.comp_s(batch))
 
 
 _MAY_BE_ZERO = frozenset(
-    {"decode_overhead_s", "sync_latency_s", "switch_s", "switch_to_train_s",
+    {"hidden", "expert_params", "experts", "experts_per_token", "train_seq_tokens",
+     "gpus_per_node", "nvlink_bw", "fabric_bw", "host_bw", "a2a_latency_s",
+     "decode_overhead_s", "sync_latency_s", "switch_s", "switch_to_train_s",
      "switch_to_rollout_s", "switch_to_train_per_gpu_s", "switch_to_rollout_per_gpu_s",
      "optimizer_step_s"}
 )
@@ -252,4 +388,21 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "switch_to_train_per_gpu_s": (0.0, _MAX_SECONDS, _SECS),
     "switch_to_rollout_per_gpu_s": (0.0, _MAX_SECONDS, _SECS),
     "optimizer_step_s": (0.0, _MAX_SECONDS, _SECS),
+    "hidden": (1, 1e7, _COUNT),
+    "expert_params": (1.0, 1e16, _COUNT),
+    "experts": (1, 1e6, _COUNT),
+    "experts_per_token": (1, 1e6, _COUNT),
+    "train_seq_tokens": (1.0, 1e9, _COUNT),
+    "train_weight_bytes": (1e-3, 16.0, _BYTES),
+    "grad_bytes": (1e-3, 16.0, _BYTES),
+    "optim_bytes": (1e-3, 64.0, _BYTES),
+    "zero_stage": (1, 3, _COUNT),
+    "act_bytes_per_token_layer": (1e-3, 1e3, _BYTES),
+    "act_working_bytes": (1e-3, 1e4, _BYTES),
+    "grad_reduce_bytes": (1e-3, 16.0, _BYTES),
+    "gpus_per_node": (1, 1e5, _COUNT),
+    "nvlink_bw": (1.0, 1e24, _RATE),
+    "fabric_bw": (1.0, 1e24, _RATE),
+    "host_bw": (1.0, 1e24, _RATE),
+    "a2a_latency_s": (0.0, _MAX_SECONDS, _SECS),
 }

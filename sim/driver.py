@@ -40,6 +40,7 @@ from rlsched.cluster.state import ClusterState
 from .core import Progress
 from .faults import FaultMixin
 from .lifecycle import Lifecycle
+from .memory import below_floor
 from .recording import Recording
 from .roles import Roles
 from .training import Training
@@ -90,6 +91,7 @@ class SimDriver(Lifecycle, Roles, Training, Recording, FaultMixin):
             raise PolicyError(
                 f"policy {self.policy.name} stalled at t={self.env.now:.1f}s: nothing is running "
                 f"and only {self.state.version} of {self.state.num_steps} steps are done"
+                + below_floor(self.trainer.gpus, self.layout, self.cfg.gpus)
             ) from None
         except KeyboardInterrupt:
             complete = False

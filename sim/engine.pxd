@@ -17,6 +17,7 @@ cdef class EngineSim:
     cdef public double ctx_base
     cdef public double _weights, _kv_tok, _mem_den, _params2, _comp_den, _overhead, _pre_attn
     cdef public double _pre_den
+    cdef public double _expert, _miss, _per_seq
     cdef public long long kv_reserved, kv_capacity, seq_counter
     cdef public int id, first_gpu, tp, gcode
     cdef public bint closed, owns, counted
@@ -30,15 +31,18 @@ cdef class EngineSim:
     @cython.locals(start=double)
     cpdef advance(self, double now)
 
-    @cython.locals(b=Py_ssize_t, context=double, mem=double, comp=double)
+    @cython.locals(b=Py_ssize_t)
     cpdef _recompute_rate(self)
 
+    @cython.locals(w=double, mem=double, comp=double, fixed=double)
+    cdef inline double _step(self, Py_ssize_t b, double context)
+
     @cython.locals(start=double, prefill=double, p=double, target=double, base=double,
-                   b=Py_ssize_t, mem=double, comp=double, seq=cython.longlong)
+                   b=Py_ssize_t, seq=cython.longlong)
     cpdef join(self, double now, object key, long long cached, long long new, double tokens)
 
     @cython.locals(start=double, progress=double, target=double, base=double, b=Py_ssize_t,
-                   mem=double, comp=double, heap=list, members=dict, due=list)
+                   heap=list, members=dict, due=list)
     cpdef list pop_due(self, double now)
 
     @cython.locals(begin=double, remaining=double, at=double, heap=list)

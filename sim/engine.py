@@ -53,8 +53,8 @@ class EngineSim:
     _ok = True  # (SimPy event protocol, see the driver's wake-up timer)
 
     __slots__ = (
-        "_comp_den", "_kv_tok", "_mem_den", "_overhead", "_params2", "_pre_attn", "_pre_den",
-        "_weights", "callbacks", "closed", "cost", "counted", "ctx_base", "eid", "env_lru", "es",
+        "_comp_den", "_expert", "_kv_tok", "_mem_den", "_miss", "_overhead", "_params2", "_per_seq",
+        "_pre_attn", "_pre_den", "_weights", "callbacks", "closed", "cost", "counted", "ctx_base", "eid", "env_lru", "es",
         "evicted", "first_gpu", "gcode", "gsince", "gstate", "heap", "id", "kv_capacity", "kv_reserved",
         "members", "owns", "pool", "progress", "queue", "rate", "reservations", "seq_counter",
         "stall_end", "sync_end", "timer_at", "tp", "updated", "version", "wake_at",
@@ -106,14 +106,19 @@ class EngineSim:
         self.queue: list = []
         self.eid: Any = None
         self.wake_callbacks: tuple = ()
-        # CostModel.decode_step_s / prefill_s with their constant factors folded
+        # the decode step's constants, folded once by the cost model (DecodeCoeffs.step_s is
+        # the formula; _step below is its inlined form), and prefill_s's
         c = cost
-        self._weights = c.weight_bytes
-        self._kv_tok = c.kv_bytes_per_token
-        self._mem_den = tp * c.hbm_bw * c.decode_bw_eff
-        self._params2 = 2 * c.params
-        self._comp_den = tp * c.peak_flops * c.decode_compute_eff
-        self._overhead = c.decode_overhead_s
+        co = cost.decode_coefficients(tp, cost.spans_nodes(first_gpu, tp))
+        self._weights = co.weights
+        self._expert = co.expert
+        self._miss = co.miss
+        self._per_seq = co.per_seq
+        self._kv_tok = co.kv_tok
+        self._mem_den = co.mem_den
+        self._params2 = co.params2
+        self._comp_den = co.comp_den
+        self._overhead = co.overhead
         self._pre_attn = 4 * c.layers * c.d_model
         self._pre_den = tp * c.peak_flops * c.prefill_eff
 
@@ -129,10 +134,21 @@ class EngineSim:
         if b == 0:
             self.rate = 0.0
             return
-        context = self.ctx_base + b * self.progress
-        mem = (self._weights + self._kv_tok * context) / self._mem_den
+        self.rate = 1.0 / self._step(b, self.ctx_base + b * self.progress)
+
+    def _step(self, b: int, context: float) -> float:
+        """Seconds of one decode step: ``DecodeCoeffs.step_s`` on the folded constants (the
+        same operations in the same order; a dense model skips the expert and per-sequence
+        terms, which would add exact zeros)."""
+        w = self._weights
+        if self._expert != 0.0:
+            w = w + self._expert * (1.0 - self._miss ** b)
+        mem = (w + self._kv_tok * context) / self._mem_den
         comp = self._params2 * b / self._comp_den
-        self.rate = 1.0 / (self._overhead + (mem if mem > comp else comp))
+        fixed = self._overhead
+        if self._per_seq != 0.0:
+            fixed = fixed + self._per_seq * b
+        return fixed + (mem if mem > comp else comp)
 
     def stall(self, now: float, seconds: float) -> float:
         """Add ``seconds`` of engine-blocking work (prefill, sync); return when it ends."""
@@ -144,7 +160,7 @@ class EngineSim:
     def join(self, now: float, key: Hashable, cached: int, new: int, tokens: float) -> None:
         """``key`` prefills ``new`` tokens on top of ``cached`` ones (a stall, if any are
         new), then decodes ``tokens`` more. (:meth:`advance`, :meth:`stall`,
-        ``CostModel.prefill_s`` and :meth:`_recompute_rate` are inlined: this runs every turn.)"""
+        ``CostModel.prefill_s`` are inlined and :meth:`_step` is a C call when compiled: this runs every turn.)"""
         start = self.updated if self.updated > self.stall_end else self.stall_end
         if now > start and self.rate > 0.0:
             self.progress += (now - start) * self.rate
@@ -161,9 +177,7 @@ class EngineSim:
         self.ctx_base += base
         heappush(self.heap, (target, seq, key, base))
         b = len(members)
-        mem = (self._weights + self._kv_tok * (self.ctx_base + b * p)) / self._mem_den
-        comp = self._params2 * b / self._comp_den
-        self.rate = 1.0 / (self._overhead + (mem if mem > comp else comp))
+        self.rate = 1.0 / self._step(b, self.ctx_base + b * p)
 
     def leave(self, now: float, key: Hashable, tokens: int) -> int:
         """Remove a member early (interrupt, migration). ``tokens`` is what it joined to
@@ -183,7 +197,7 @@ class EngineSim:
 
     def pop_due(self, now: float) -> list[Any]:
         """Members whose turn has ended by ``now`` (in finish order). (:meth:`advance`
-        and :meth:`_recompute_rate` inlined: this runs every turn.)"""
+        inlined, :meth:`_step` a C call when compiled: this runs every turn.)"""
         start = self.updated if self.updated > self.stall_end else self.stall_end
         if now > start and self.rate > 0.0:
             self.progress += (now - start) * self.rate
@@ -206,9 +220,7 @@ class EngineSim:
             if b == 0:
                 self.rate = 0.0
             else:
-                mem = (self._weights + self._kv_tok * (self.ctx_base + b * progress)) / self._mem_den
-                comp = self._params2 * b / self._comp_den
-                self.rate = 1.0 / (self._overhead + (mem if mem > comp else comp))
+                self.rate = 1.0 / self._step(b, self.ctx_base + b * progress)
         return due
 
     def rearm(self, now: float) -> None:

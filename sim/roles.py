@@ -18,6 +18,7 @@ from rlsched.cluster.state import EngineState
 from .core import DriverCore
 from .engine import EngineSim
 from .gpus import CODE
+from .memory import reshard_s
 from .traj import SimTraj
 from .turns import engine_touch
 
@@ -133,7 +134,31 @@ class Roles(DriverCore):
         # command's GPUs, not only this engine's.
         grp = self._switch_groups.get(gid)
         seconds = self.cost.switch_seconds(role.value, len(grp[1]) if grp else len(gpus))
+        if self.layout.memory is not None:  # the trainer's state moves (see .memory.reshard_s)
+            seconds += self._reshard(gpus, role, len(training))
         self._later(seconds, self._end_switch, gpus, (gid, role))
+
+    def _reshard(self, gpus: tuple[int, ...], role: Role, leaving: int) -> float:
+        """Seconds of resharding the trainer's state that GPUs ``gpus`` add to their switch:
+        joining ones receive their shard; leaving ones hand theirs to those that stay, and
+        the trainer runs nothing until that is done."""
+        tr = self.trainer
+        have = len(tr.gpus)  # (the leaving ones are already out)
+        n = self.cost.gpus_per_node or 8
+        near = {g // n for g in tr.gpus}
+        local = bool(near) and all(g // n in near for g in gpus)
+        if role is Role.TRAIN:
+            return reshard_s(self.cost, self.layout, have, have + len(gpus), local)
+        if not leaving:
+            return 0.0
+        secs = reshard_s(self.cost, self.layout, have + leaving, have, local)
+        if have and secs > 0.0:
+            tr.restart_until = max(tr.restart_until, self.now + secs)
+            self._later(secs, self._kick_trainer)
+        return secs
+
+    def _kick_trainer(self, _a: object, _b: object) -> None:
+        self._trainer_next()
 
     def _end_switch(self, gpus: tuple[int, ...], group: tuple[int, Role]) -> None:
         gid, role = group

@@ -9,6 +9,7 @@ from rlsched.cluster.ids import GpuState
 from rlsched.cluster.record import ids_text
 
 from .core import DriverCore
+from .memory import train_job_s
 from .trainer import MicroBatchJob, OptimizerJob
 from .traj import SimTraj
 
@@ -22,8 +23,11 @@ class Training(DriverCore):
         version = self.state.version
         secs = self.cost.sync_s()
         end = now
+        per_engine = self.cost.gpus_per_node > 0  # with a topology: by where the trainer is
         for e in engines:
             eng = self.engines[e]
+            if per_engine:
+                secs = self._sync_seconds(eng.first_gpu)
             eng.sync_end = eng.stall(now, secs)
             end = max(end, eng.sync_end)
             eng.es.syncing = True
@@ -31,6 +35,15 @@ class Training(DriverCore):
         if self.rec is not None:
             self.rec.event(now, "SyncStart", version=version, detail=ids_text(engines))
         self._later(end - now, self._sync_done, engines, version)
+
+    def _sync_seconds(self, first: int) -> float:
+        """Sync time of the engine at ``first`` under a topology: over NVLink when every
+        domain it spans holds a trainer GPU (the weights are next door), else the NICs."""
+        c, tp = self.cost, self.cfg.tp
+        n = c.gpus_per_node
+        near = {g // n for g in self.trainer.gpus}
+        local = bool(near) and all(d in near for d in range(first // n, (first + tp - 1) // n + 1))
+        return c.sync_s(tp, local)
 
     def _sync_done(self, engines: tuple[int, ...], version: int) -> None:
         live = tuple(e for e in engines if e in self.engines)
@@ -96,6 +109,8 @@ class Training(DriverCore):
         tr = self.trainer
         if tr.running is not None or not tr.jobs or not tr.gpus or tr.restart_until > self.now:
             return
+        if len(tr.gpus) < self.layout.min_gpus:
+            return  # below its memory floor the trainer cannot run: wait for more GPUs
         job = tr.jobs.popleft()
         tr.running = job
         st = self.state
@@ -104,7 +119,13 @@ class Training(DriverCore):
         gpus = tr.current()
         if isinstance(job, MicroBatchJob):
             st.queued_micro_batches -= 1
-            secs = self.cost.train_s(self._charge(list(job.trajectories), self.trajs), len(gpus))
+            flops = self._charge(list(job.trajectories), self.trajs)
+            if self.layout.memory is None:
+                secs = self.cost.train_s(flops, len(gpus))
+            else:  # usable width, context-parallel traffic, gradient reduction (see .memory)
+                tokens = float(sum(self._trained_tokens(t) for t in job.trajectories))
+                spans = len({g // (self.cost.gpus_per_node or 8) for g in gpus}) > 1
+                secs = train_job_s(self.cost, self.layout, flops, tokens, len(gpus), spans)
         else:
             secs = self.cost.optimizer_step_s
         tr.step_seconds += secs

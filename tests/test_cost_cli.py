@@ -1,0 +1,69 @@
+"""``rlsched cost show|list`` for every preset, and ``--model/--gpu`` / ``[cost] model`` on
+the simulator's front doors."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from rlsched.cli import main
+from rlsched.sim.presets import GPUS, MODELS
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_cost_show_every_model(model: str, capsys) -> None:
+    for gpu in GPUS:
+        assert main(["cost", "show", "--model", model, "--gpu", gpu, "--tp", "8"]) == 0
+        out = capsys.readouterr().out
+        assert "trainer    floor" in out and "memory     per GPU" in out and "sync" in out
+        assert "KV capacity" in out
+
+
+def test_cost_show_dense_figures_and_default(capsys) -> None:
+    assert main(["cost", "show", "--model", "qwen2.5-32b", "--gpu", "h200", "--tp", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "KV capacity 1,688,385 tokens" in out
+    assert "floor 8 GPUs = tp 4 x pp 1 x cp 1 x dp 2; grows by 4 GPUs" in out
+    assert "1.04 s within a domain, 1.32 s across domains" in out
+    assert main(["cost", "show"]) == 0
+    assert "memory not modelled (no preset)" in capsys.readouterr().out
+    assert main(["cost", "show", "--model", "ref-2.4t", "--gpu", "h200", "--seq", "700000"]) == 0
+    assert "sized for 700,000-token sequences" in capsys.readouterr().out
+
+
+def test_cost_list_names_sources(capsys) -> None:
+    assert main(["cost", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in [*MODELS, *GPUS]:
+        assert name in out
+    assert out.count("source:") == len(MODELS) + len(GPUS)
+    assert "ASSUMPTION" in out  # the reference-scale MoE says what is assumed
+
+
+def test_unknown_preset_is_one_line(capsys) -> None:
+    assert main(["cost", "show", "--model", "qwen2.5-33b"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "did you mean qwen2.5-32b" in err
+
+
+def test_compare_with_a_preset_and_config(tmp_path, capsys) -> None:
+    base = ["compare", "--no-report", "--gpus", "32", "--steps", "1", "--policies", "colocated,elastic"]
+    assert main([*base, "--out", str(tmp_path / "a"), "--model", "qwen2.5-32b", "--gpu", "h100"]) == 0
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('[cost]\nmodel = "qwen2.5-32b"\ngpu = "h100"\n')
+    assert main([*base, "--out", str(tmp_path / "b"), "--config", str(cfg)]) == 0
+    a = pd.read_csv(tmp_path / "a" / "summary.csv")
+    b = pd.read_csv(tmp_path / "b" / "summary.csv")
+    assert list(a.sim_seconds) == list(b.sim_seconds)
+    assert main([*base, "--out", str(tmp_path / "c")]) == 0
+    c = pd.read_csv(tmp_path / "c" / "summary.csv")
+    assert list(c.sim_seconds) != list(a.sim_seconds)  # the preset changes the figures
+    # a cluster smaller than the trainer's floor (16 on H100) stalls with the reason
+    assert main(["compare", "--no-report", "--gpus", "8", "--steps", "1", "--policies", "colocated",
+                 "--out", str(tmp_path / "d"), "--model", "qwen2.5-32b", "--gpu", "h100"]) == 2
+    assert "fewer than the trainer's floor of 16" in capsys.readouterr().err
+
+
+def test_live_run_refuses_a_preset(capsys) -> None:
+    assert main(["run", "--live", "--out", "unused", "--policy", "colocated", "--model", "qwen2.5-7b"]) == 2
+    assert "--model/--gpu choose the simulator's cost model" in capsys.readouterr().err
