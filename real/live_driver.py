@@ -17,6 +17,10 @@ remaining steps: versions and steps count from 0, ``base`` is the checkpoint's v
 (added on the way out: engines' weights, the record, progress) and the clock continues
 from the checkpoint's time ``t_offset``. ``on_step`` is called once each optimizer step is
 reported, before the policy reacts to it: that is when the run is made durable.
+
+Tool calls take a sandbox slot, as in the simulator: at most ``sandbox_slots`` environment
+steps run at once (and never more than ``[live] env_workers``, the threads that run them);
+a call that finds every slot taken waits in FIFO order and is recorded as ``SandboxQueued``.
 """
 
 from __future__ import annotations
@@ -71,7 +75,8 @@ class LiveDriver:
                  settings: LiveSettings, engine_settings: EngineSettings, codec: Codec,
                  cluster: SlotCluster, lane: TrainerLane, recorder: MemoryRecorder,
                  make_env: Callable[[], Any], seed: int, progress: Callable | None = None,
-                 base: int = 0, t_offset: float = 0.0, on_step: Callable[[], None] | None = None) -> None:
+                 base: int = 0, t_offset: float = 0.0, on_step: Callable[[], None] | None = None,
+                 sandbox_slots: int | None = None) -> None:
         self.policy, self.st, self.trajs = policy, state, trajs
         self.settings, self.engine_settings, self.codec = settings, engine_settings, codec
         self.cluster, self.lane, self.rec = cluster, lane, recorder
@@ -88,6 +93,11 @@ class LiveDriver:
         self._timers: list[tuple[float, int, str]] = []
         self._seq = 0
         self._env_pool = ThreadPoolExecutor(settings.env_workers, thread_name_prefix="rlsched-env")
+        self.sandbox_slots = min(sandbox_slots or settings.env_workers, settings.env_workers)
+        self._sandbox_busy = 0
+        self._sandbox_wait: deque[tuple[str, int, Any, str]] = deque()  # (tid, epoch, env, text)
+        self.sandbox_peak = 0  # most tool calls running at once
+        self.sandbox_queued = 0  # tool calls that waited for a slot
         self._misc_pool = ThreadPoolExecutor(8, thread_name_prefix="rlsched-live")
         self.stats: dict[str, list] = {"engine_start": [], "sync": [], "switch": [], "trainer": [], "micro_batch": [], "optimizer": []}
         self.events_processed = 0
@@ -229,13 +239,35 @@ class LiveDriver:
         if rt.env is None:
             rt.env = self.make_env()
         env = rt.env
+        if kind == "reset":
+            self.bg(lambda: env.reset(t.task_id, seed=t.seed),
+                    cb=lambda r: self.rollout.on_env(tid, epoch, kind, r), pool="env")
+        elif self._sandbox_busy < self.sandbox_slots:
+            self._tool_call(tid, epoch, env, text)
+        else:
+            self._sandbox_wait.append((tid, epoch, env, text))
+            self.sandbox_queued += 1
+            self.rec.event(self.now(), "SandboxQueued", trajectory=tid)
 
-        def call() -> Any:
-            if kind == "reset":
-                return env.reset(t.task_id, seed=t.seed)
-            return env.step(text)
+    def _tool_call(self, tid: str, epoch: int, env: Any, text: str) -> None:
+        """Run one tool call in a sandbox slot; the slot is freed when it returns."""
+        self._sandbox_busy += 1
+        self.sandbox_peak = max(self.sandbox_peak, self._sandbox_busy)
 
-        self.bg(call, cb=lambda r: self.rollout.on_env(tid, epoch, kind, r), pool="env")
+        def done(r: Any) -> None:
+            self._sandbox_busy -= 1
+            self._next_tool_call()
+            self.rollout.on_env(tid, epoch, "step", r)
+
+        self.bg(env.step, text, cb=done, pool="env")
+
+    def _next_tool_call(self) -> None:
+        while self._sandbox_wait and self._sandbox_busy < self.sandbox_slots:
+            tid, epoch, env, text = self._sandbox_wait.popleft()
+            rt = self.rollout.rt[tid]
+            if rt.epoch != epoch or rt.env is not env:
+                continue  # interrupted (or restarted) while it waited: the call is void
+            self._tool_call(tid, epoch, env, text)
 
     def close_env(self, env: Any) -> None:
         self._env_pool.submit(env.close)

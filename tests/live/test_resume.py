@@ -5,7 +5,9 @@ killed with SIGKILL (the process group: driver, Ray and its workers) as soon as 
 optimizer step is durable. ``rlsched run --live --resume`` then continues it with the
 run's own policy and config, and the record must show the whole run: steps 0..2 each
 trained once, every trajectory of every step accounted for, versions continuing from the
-checkpoint, and the re-run work named.
+checkpoint, and the re-run work named. The run lives where ``rlsched run`` puts every run
+(OUT/runs/00-SPEC/, issue #27); the resume finds it there and, once complete, writes
+OUT/summary.csv and the report as a simulated run does.
 """
 
 from __future__ import annotations
@@ -44,9 +46,13 @@ def _rlsched() -> str:
     return str(Path(sys.executable).with_name("rlsched"))
 
 
+def _run_dir(out: Path) -> Path:
+    return out / "runs" / "00-async_rollout_fraction=0.5_staleness=1"
+
+
 def _durable_version(out: Path) -> int:
     try:
-        return int(json.loads((out / "checkpoint" / "manifest.json").read_text())["version"])
+        return int(json.loads((_run_dir(out) / "checkpoint" / "manifest.json").read_text())["version"])
     except (OSError, ValueError, KeyError):
         return 0
 
@@ -77,7 +83,8 @@ def test_kill_after_first_step_then_resume(tiny_cache, tmp_path) -> None:
     assert 1 <= killed_at < STEPS
 
     # The killed run's directory holds the record as of its last durable step.
-    part = read_run(out)
+    assert not (out / "summary.csv").exists()  # written when the run ends
+    part = read_run(_run_dir(out))
     check_record(part)
     assert part.meta["steps_done"] == killed_at and not part.meta["complete"]
     assert list(part.steps["version"]) == list(range(1, killed_at + 1))
@@ -88,8 +95,9 @@ def test_kill_after_first_step_then_resume(tiny_cache, tmp_path) -> None:
     print(f"resume: {time.monotonic() - t1:.0f}s")
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
 
-    rec = read_run(out)
+    rec = read_run(_run_dir(out))
     check_record(rec)
+    assert (out / "summary.csv").is_file() and (out / "report.html").is_file()
     m = rec.meta
     assert m["complete"] and m["steps_done"] == STEPS and m["policy"].startswith("async:")
     assert list(rec.steps["version"]) == list(range(1, STEPS + 1))  # each step trained once
@@ -107,7 +115,7 @@ def test_kill_after_first_step_then_resume(tiny_cache, tmp_path) -> None:
     kinds = rec.events["kind"]
     assert (kinds == "Resume").sum() == 1
     assert (rec.events.loc[kinds == "TrainStepFinished", "version"].tolist() == list(range(1, STEPS + 1)))
-    trace = load_trace(out / "trace.parquet")
+    trace = load_trace(_run_dir(out) / "trace.parquet")
     assert set(trace["trajectory_id"]) == expected
     assert (trace["policy_version"] <= trace["step"]).all() and (trace["policy_version"] >= trace["step"] - 1).all()
 

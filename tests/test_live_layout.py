@@ -1,0 +1,57 @@
+"""``rlsched run --live`` writes the layout ``rlsched run`` writes (OUT/summary.csv,
+OUT/runs/00-SPEC/, OUT/report.html), ``--resume`` finds the run in it or in the layout
+before, and what the live backend cannot honour is refused in one line (issues #27, #22).
+The live runs themselves are in tests/live/test_layout_logging.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlsched.cli_run import find_live_run, prepare_live_out
+from rlsched.cluster.config import RunConfig, parse_config
+from rlsched.cluster.errors import ConfigError
+from rlsched.real.live_config import refuse_unsupported
+
+
+def _manifest(d) -> None:
+    (d / "checkpoint").mkdir(parents=True)
+    (d / "checkpoint" / "manifest.json").write_text(json.dumps({"version": 1}))
+
+
+def test_resume_finds_the_run_in_either_layout(tmp_path) -> None:
+    old = tmp_path / "old"
+    _manifest(old)
+    assert find_live_run(old) == old  # recorded before runs/: resumes in place
+    new = tmp_path / "new"
+    _manifest(new / "runs" / "00-async")
+    assert find_live_run(new) == new / "runs" / "00-async"
+    _manifest(new / "runs" / "01-elastic")
+    with pytest.raises(ConfigError, match="2 live runs under runs/"):
+        find_live_run(new)
+    sim = tmp_path / "sim"
+    (sim / "runs" / "00-async").mkdir(parents=True)
+    assert find_live_run(sim) == sim / "runs" / "00-async"  # its meta says why it cannot resume
+    assert find_live_run(tmp_path / "none") == tmp_path / "none"
+
+
+def test_fresh_out_must_be_empty_or_forced(tmp_path) -> None:
+    out = tmp_path / "out"
+    prepare_live_out(out, force=False)
+    (out / "x").write_text("x")
+    with pytest.raises(ConfigError, match="not empty"):
+        prepare_live_out(out, force=False)
+    prepare_live_out(out, force=True)
+    assert out.is_dir() and not any(out.iterdir())
+
+
+def test_processor_and_faults_are_refused_in_one_line() -> None:
+    refuse_unsupported(RunConfig(gpus=2, tp=1, sandbox_slots=1))  # sandbox_slots is honoured
+    with pytest.raises(ConfigError, match=r"^\[run\] processor = true: the live backend") as err:
+        refuse_unsupported(RunConfig(gpus=2, tp=1, processor=True))
+    assert "\n" not in str(err.value)
+    faults = parse_config({"cluster": {"gpus": 2, "tp": 1},
+                           "faults": {"fault": [{"kind": "gpu", "at": 5.0}]}}).run
+    with pytest.raises(ConfigError, match=r"^\[faults\]: fault injection is simulated only"):
+        refuse_unsupported(faults)
