@@ -60,7 +60,8 @@ def run_live(policy_spec: str | None, *, make: PolicyMaker, steps: int | None, o
 
     Every part of the run config is honoured or refused in one line: ``sandbox_slots``
     bounds the concurrent tool calls (as in the simulator, with ``SandboxQueued`` events);
-    ``processor`` and ``[faults]`` are refused (``live_config.refuse_unsupported``).
+    ``[faults]`` of the tool kind are injected for real (``live_faults``); ``processor`` and
+    other fault kinds are refused (``live_config.refuse_unsupported``).
     """
     from rlsched.cluster.config import LoggingConfig, RunConfig
 
@@ -81,7 +82,7 @@ def run_live(policy_spec: str | None, *, make: PolicyMaker, steps: int | None, o
         run = replace(run, seed=seed)  # ``seed`` is the run's seed, as it always was
     if not isinstance(run, RunConfig):
         raise ConfigError(f"run_live: config['run'] must be a RunConfig, got {type(run).__name__}")
-    refuse_unsupported(run)
+    refuse_unsupported(run, resume=bool(manifest))
     logging = config.get("logging")
     if logging is None:
         logging = LoggingConfig(**_logging_kw(recorded.get("logging"))) if manifest else LoggingConfig()
@@ -252,6 +253,7 @@ class _Run:
         from .agent_loop import Codec
         from .engine import EngineSettings
         from .live_driver import LiveDriver
+        from .live_faults import LiveFaults
         from .live_recorder import MemoryRecorder
         from .live_trainer import TrainerLane
         from .ray_cluster import start_cluster
@@ -279,6 +281,7 @@ class _Run:
             make_env=self.make_env, seed=self.seed, progress=progress,
             base=self.base, t_offset=r.time if r else 0.0, on_step=self.checkpoint,
             sandbox_slots=self.run.sandbox_slots,
+            faults=LiveFaults(self.run.faults) if self.run.faults else None,
         )
         if self.logging is not None and self.logging.backends:
             from .live_logging import open_loggers
@@ -407,6 +410,8 @@ class _Run:
             "resumes": resumes,
             "sandbox_slots": min(self.run.sandbox_slots, self.settings.env_workers),  # tool calls at once, live
             "logging": self.config.get("logging"),
+            **({"faults": driver.faults.close(), "fault_schedule": self.run.faults.to_dict()}
+               if driver.faults is not None else {}),
             "error": (str(error).splitlines() or [type(error).__name__])[0][:300] if error else None,
         }
         driver.rec.write(folder, trajs, steps, meta)

@@ -51,7 +51,31 @@ def test_processor_and_faults_are_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match=r"^\[run\] processor = true: the live backend") as err:
         refuse_unsupported(RunConfig(gpus=2, tp=1, processor=True))
     assert "\n" not in str(err.value)
-    faults = parse_config({"cluster": {"gpus": 2, "tp": 1},
-                           "faults": {"fault": [{"kind": "gpu", "at": 5.0}]}}).run
-    with pytest.raises(ConfigError, match=r"^\[faults\]: fault injection is simulated only"):
-        refuse_unsupported(faults)
+    for fault, words in (({"kind": "gpu", "at": 5.0}, "fault 'gpu': the live backend injects only 'tool'"),
+                         ({"kind": "sync", "at": 5.0}, "fault 'sync'"),
+                         ({"kind": "tool", "per_hour": 2.0}, "rate faults are simulated only")):
+        run = parse_config({"cluster": {"gpus": 2, "tp": 1}, "faults": {"fault": [fault]}}).run
+        with pytest.raises(ConfigError, match=r"^\[faults\] ") as err:
+            refuse_unsupported(run)
+        assert words in str(err.value) and "\n" not in str(err.value)
+    tool = parse_config({"cluster": {"gpus": 2, "tp": 1}, "faults": {"fault": [{"kind": "tool", "at": 0.0}]}}).run
+    refuse_unsupported(tool)  # injected for real
+    with pytest.raises(ConfigError, match="does not re-arm"):
+        refuse_unsupported(tool, resume=True)
+    refuse_unsupported(parse_config({"cluster": {"gpus": 2, "tp": 1}, "faults": {}}).run)  # no faults
+
+
+def test_live_tool_faults_arm_at_their_time_and_hit_the_next_call() -> None:
+    from rlsched.cluster.faults import Fault, FaultSchedule
+    from rlsched.real.live_faults import LiveFaults
+
+    lf = LiveFaults(FaultSchedule((Fault("tool", at=5.0, trajectory="b"), Fault("tool", at=1.0)), tool_timeout_s=3.0))
+    assert lf.next_at() == 1.0 and lf.fire_due(0.5) == []
+    assert lf.take_hang("a") is None  # nothing armed yet
+    assert lf.fire_due(2.0) == ["tool: next tool call of any trajectory hangs (cut at 3s)"]
+    assert lf.take_hang("a") == 3.0 and lf.take_hang("a") is None  # one call per fault
+    assert lf.fire_due(9.0) == ["tool: next tool call of b hangs (cut at 3s)"] and lf.next_at() is None
+    assert lf.take_hang("a") is None and lf.take_hang("b") == 3.0
+    assert lf.cut(1.0) == 3.0 and lf.cut(4.0) == 4.0  # a call slower than the limit is not cut shorter
+    stats = lf.close()
+    assert (stats["faults"], stats["tool"], stats["tool_seconds_lost"], stats["armed_never_hit"]) == (2, 2, 2.0, 0)
