@@ -96,7 +96,7 @@ class WandbLogger:
 
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(project=project, name=name, id=run_id, dir=str(directory), mode="offline",
-                              config=config, resume="allow", reinit=True)
+                              config=config, resume="allow")
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
         self.run.log(dict(scalars), step=int(step))

@@ -228,8 +228,8 @@ def finish_live(out: Path, run_dir: Path) -> None:
     from rlsched.ui import console_err, print_summary
 
     if run_dir == out:
-        console_err().print(f"live run written to {out} (the layout before summary.csv/runs/; "
-                            f"make a report with: rlsched report {out} --out DIR)")
+        typer.echo(f"live run written to {out} (the layout before summary.csv/runs/; "
+                   f"make a report with: rlsched report {out} --out DIR)", err=True)
         return
     record = read_run(run_dir)
     summary = live_summary(out, [run_dir])

@@ -78,3 +78,15 @@ def test_tensorboard_event_file_reads_back(tmp_path) -> None:
     got = [(e.step, e.value) for e in acc.Scalars("critic/score/mean")]
     assert got == [(1, pytest.approx(0.5)), (2, 1.0)]
     assert "rlsched/gpu_share/train" in acc.Tags()["scalars"]
+
+
+def test_wandb_writes_an_offline_run(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("wandb", reason="wandb is not installed (it is optional: pip install wandb)")
+    from rlsched.real.live_logging import open_loggers
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    [wb] = open_loggers(LoggingConfig(logger=("wandb",), project="t"), tmp_path / "00-async", config={"gpus": 2})
+    wb.log(step_scalars(_sample(version=1)), 1)
+    wb.close()
+    [run] = (tmp_path / "00-async" / "wandb").glob("offline-run-*")  # never synced: no network needed
+    assert list(run.glob("run-*.wandb")) and run.name.endswith("-00-async")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,6 +89,9 @@ def test_kill_after_first_step_then_resume(tiny_cache, tmp_path) -> None:
     check_record(part)
     assert part.meta["steps_done"] == killed_at and not part.meta["complete"]
     assert list(part.steps["version"]) == list(range(1, killed_at + 1))
+    # the same killed run as the layout before runs/ held it (record and checkpoint at OUT)
+    old = tmp_path / "old-layout"
+    shutil.copytree(_run_dir(out), old)
 
     t1 = time.monotonic()
     res = subprocess.run([_rlsched(), "run", "--live", "--resume", "--out", str(out)],
@@ -133,3 +137,14 @@ def test_kill_after_first_step_then_resume(tiny_cache, tmp_path) -> None:
     other = subprocess.run([_rlsched(), "run", "--live", "--resume", "--out", str(tmp_path)],
                            capture_output=True, text=True, timeout=300)
     assert other.returncode != 0 and "no checkpoint" in other.stderr, other.stderr
+
+    # A run recorded in the layout before runs/ still resumes, in place (no summary/report
+    # among its record's files), and says so in one line.
+    res_old = subprocess.run([_rlsched(), "run", "--live", "--resume", "--out", str(old)],
+                             capture_output=True, text=True, timeout=1800)
+    assert res_old.returncode == 0, res_old.stdout[-2000:] + res_old.stderr[-2000:]
+    assert "the layout before" in res_old.stderr and not (old / "summary.csv").exists()
+    rec_old = read_run(old)
+    check_record(rec_old)
+    assert rec_old.meta["complete"] and list(rec_old.steps["version"]) == list(range(1, STEPS + 1))
+    assert sorted(rec_old.trajectories["trajectory"]) == sorted(expected)
