@@ -53,7 +53,8 @@ def run_live(policy_spec: str | None, *, make: PolicyMaker, steps: int | None, o
     record to ``out_dir``.
 
     ``config``: ``{"run": RunConfig | None, "live": dict (the [live] table), "force": bool,
-    "resume": bool, "logging": LoggingConfig | None}``; ``seed`` overrides ``run.seed``. With
+    "resume": bool, "logging": LoggingConfig | None, "prepare": callable run once the config is
+    checked, before ``out`` is created (the command line makes its output folder there)}``; ``seed`` overrides ``run.seed``. With
     ``resume``, ``out_dir`` is the run to continue; ``policy_spec``, ``steps``, ``run``,
     ``live`` and ``logging`` left as None are taken from its checkpoint (seed included), and
     given ones must equal it (``logging`` may differ). Returns ``out_dir``.
@@ -104,6 +105,9 @@ def run_live(policy_spec: str | None, *, make: PolicyMaker, steps: int | None, o
     fp = checkpoint.fingerprint(run, settings, gpus, tp)
     resumed = checkpoint.load(out, manifest, policy=canonical, fp=fp) if manifest else None
     if resumed is None:
+        prepare = config.get("prepare")  # the caller's output folder around ``out``, once all is checked
+        if prepare is not None:
+            prepare()
         _prepare_dir(out, force=bool(config.get("force")))
     t_wall = time.perf_counter()
     ctx = _Run(out, run, settings, gpus, tp, seed=run.seed, policy=policy, spec=spec, canonical=canonical,

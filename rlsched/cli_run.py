@@ -137,8 +137,9 @@ def run_cmd(
             ) from None
         if resume:
             run_dir = find_live_run(out)
-        else:
-            prepare_live_out(out, force=force)
+        else:  # OUT is made (or, with --force, emptied) only once run_live has checked the config
+            if out.exists() and not out.is_dir():
+                raise ConfigError(f"--out {out}: exists and is not a directory")
             run_dir = out / "runs" / run_dir_name(policy or "policy", 0)
         try:
             if resume and config is None:  # continue with the run's own settings (its checkpoint has them)
@@ -153,7 +154,8 @@ def run_cmd(
                 live_table = {**cfg.live, **{k: v for k, v in (("gpus", gpus), ("tp", tp)) if v is not None}}
                 run_live(policy, make=make_policy_and_spec, steps=run.steps, out_dir=run_dir,
                          config={"run": run, "live": live_table, "force": force, "resume": resume,
-                                 "logging": logging}, seed=run.seed)
+                                 "logging": logging, "prepare": lambda: prepare_live_out(out, force=force)},
+                         seed=run.seed)
         except BaseException:
             if not resume:
                 _remove_if_empty(out)
