@@ -227,15 +227,18 @@ def finish_live(out: Path, run_dir: Path) -> None:
     complete run). A run resumed in the old layout (record at OUT) gets neither: they would
     land among its record's files."""
     from rlsched.cluster.record import read_run
-    from rlsched.ui import console_err, print_summary
+    from rlsched.ui import console_err
 
     if run_dir == out:
         typer.echo(f"live run written to {out} (the layout before summary.csv/runs/; "
                    f"make a report with: rlsched report {out} --out DIR)", err=True)
         return
     record = read_run(run_dir)
-    summary = live_summary(out, [run_dir])
-    print_summary(summary)
+    row = live_summary(out, [run_dir]).iloc[0]
+    # one line, not ui.print_summary's table: that one is titled "(simulated)"
+    typer.echo(f"{row['policy']}: {int(row['steps'])} steps in {row['sim_seconds']:,.1f}s live, "
+               f"gpu_utilization {row['gpu_utilization']:.3f}, trained_tokens {int(row['trained_tokens']):,}, "
+               f"max_staleness {int(row['max_staleness'])}, lost_trajectories {int(row['lost_trajectories'])}")
     if record.meta.get("complete"):
         from rlsched.analysis.report import write_report
 
