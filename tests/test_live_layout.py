@@ -79,3 +79,13 @@ def test_live_tool_faults_arm_at_their_time_and_hit_the_next_call() -> None:
     assert lf.cut(1.0) == 3.0 and lf.cut(4.0) == 4.0  # a call slower than the limit is not cut shorter
     stats = lf.close()
     assert (stats["faults"], stats["tool"], stats["tool_seconds_lost"], stats["armed_never_hit"]) == (2, 2, 2.0, 0)
+
+
+def test_resume_of_a_simulated_run_is_refused_in_one_line(tmp_path, capsys) -> None:
+    from rlsched.cli import main
+    from rlsched.real.checkpoint import read_manifest
+
+    out = tmp_path / "sim"
+    assert main(["run", "--policy", "colocated", "--steps", "1", "--gpus", "4", "--tp", "1", "--out", str(out)]) == 0
+    with pytest.raises(ConfigError, match="run, not a live run; only `run --live` runs resume"):
+        read_manifest(find_live_run(out))
