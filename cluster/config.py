@@ -2,8 +2,9 @@
 
 A config file is TOML with optional tables ``[cluster]``, ``[run]``, ``[cost]`` (cost-model
 overrides, see ``rlsched.sim.cost``), ``[live]`` (live-backend settings) and ``[[policy]]``
-entries (``spec = "NAME:key=value,..."``), and ``[faults]`` (fault injection in the simulator,
-see ``rlsched.cluster.faults``). Unknown tables or keys are errors, so a typo
+entries (``spec = "NAME:key=value,..."``), ``[faults]`` (fault injection in the simulator,
+see ``rlsched.cluster.faults``) and ``[logging]`` (where a live run streams its metrics:
+TensorBoard event files, W&B offline). Unknown tables or keys are errors, so a typo
 never silently falls back to a default.
 """
 
@@ -65,6 +66,83 @@ class RunConfig:
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
 
+LOGGERS = ("tensorboard", "wandb", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingConfig:
+    """The ``[logging]`` table: which dashboards a live run writes its metrics to.
+
+    ``logger`` is a tuple of backend names (verl's ``trainer.logger`` list, without the
+    console one: the progress bar is that); empty means none. ``dir`` is where the event
+    files go (default: ``tensorboard/`` inside the run directory, so the run keeps them);
+    ``project`` and ``name`` are W&B's (``name`` defaults to the run directory's name)."""
+
+    logger: tuple[str, ...] = ()
+    dir: str | None = None
+    project: str = "rlsched"
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.logger, tuple) or not all(isinstance(x, str) for x in self.logger):
+            raise ConfigError(f"[logging] logger={shown(self.logger)}: expected a list of names")
+        for name in self.logger:
+            if name not in LOGGERS:
+                raise ConfigError(
+                    f"[logging] logger: unknown logger {name!r}{did_you_mean(name, LOGGERS)}; "
+                    f"expected one of {', '.join(LOGGERS)}"
+                )
+        for key in ("dir", "name"):
+            v = getattr(self, key)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise ConfigError(f"[logging] {key}={shown(v)}: expected a non-empty string")
+        if not isinstance(self.project, str) or not self.project:
+            raise ConfigError(f"[logging] project={shown(self.project)}: expected a non-empty string")
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The loggers to open ("none" and repeats left out), in the order given."""
+        return tuple(dict.fromkeys(x for x in self.logger if x != "none"))
+
+    @classmethod
+    def parse(cls, value: Any, source: str = "--logger") -> LoggingConfig:
+        """``--logger``'s value: NAME or NAME,NAME (``none`` for no logger)."""
+        if not isinstance(value, str):
+            raise ConfigError(f"{source}: expected a logger name, got {shown(value)}")
+        names = tuple(x.strip() for x in value.split(","))
+        if any(not x for x in names):
+            raise ConfigError(f"{source} {value!r}: empty name in the list; expected e.g. tensorboard or tensorboard,wandb")
+        for name in names:
+            if name not in LOGGERS:
+                raise ConfigError(f"{source} {name!r}: unknown logger{did_you_mean(name, LOGGERS)}; "
+                                  f"expected one of {', '.join(LOGGERS)}")
+        return cls(logger=names)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"logger": list(self.logger), "dir": self.dir, "project": self.project, "name": self.name}
+
+
+def parse_logging(table: Any, source: str) -> LoggingConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [logging] must be a table")
+    known = {f.name for f in fields(LoggingConfig)}
+    for k in table:
+        if k not in known:
+            raise ConfigError(f"{source}: [logging] unknown key {k!r}{did_you_mean(k, known)}")
+    kw = dict(table)
+    if "logger" in kw:
+        v = kw["logger"]
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list):
+            raise ConfigError(f"{source}: [logging] logger={shown(v)}: expected a name or a list of names")
+        kw["logger"] = tuple(v)
+    try:
+        return LoggingConfig(**kw)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class ConfigFile:
     """A parsed config file: run settings, cost overrides, policy specs, live settings."""
@@ -75,10 +153,11 @@ class ConfigFile:
     live: dict[str, Any] = field(default_factory=dict)
     trace: str | None = None
     source: str = "<defaults>"
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
 _RUN_KEYS = {f.name for f in fields(RunConfig)} - {"faults"}
-_SECTIONS = {"cluster", "run", "cost", "policy", "live", "trace", "faults"}
+_SECTIONS = {"cluster", "run", "cost", "policy", "live", "trace", "faults", "logging"}
 
 
 def load_config(path: str | Path) -> ConfigFile:
@@ -136,4 +215,5 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> ConfigFile:
     trace = data.get("trace")
     if trace is not None and not isinstance(trace, str):
         raise ConfigError(f"{source}: trace must be a path string")
-    return ConfigFile(run, dict(cost), tuple(specs), dict(live), trace, source)
+    logging = parse_logging(data["logging"], source) if "logging" in data else LoggingConfig()
+    return ConfigFile(run, dict(cost), tuple(specs), dict(live), trace, source, logging)

@@ -53,14 +53,22 @@ def run_live(policy_spec: str | None, *, make: PolicyMaker, steps: int | None, o
     record to ``out_dir``.
 
     ``config``: ``{"run": RunConfig | None, "live": dict (the [live] table), "force": bool,
-    "resume": bool}``; ``seed`` overrides ``run.seed``. With ``resume``, ``out_dir`` is the run
-    to continue; ``policy_spec``, ``steps``, ``run`` and ``live`` left as None are taken from
-    its checkpoint (seed included), and given ones must equal it. Returns ``out_dir``.
+    "resume": bool, "logging": LoggingConfig | None, "prepare": callable run once the config is
+    checked, before ``out`` is created (the command line makes its output folder there)}``; ``seed`` overrides ``run.seed``. With
+    ``resume``, ``out_dir`` is the run to continue; ``policy_spec``, ``steps``, ``run``,
+    ``live`` and ``logging`` left as None are taken from its checkpoint (seed included), and
+    given ones must equal it (``logging`` may differ). Returns ``out_dir``.
+
+    Every part of the run config is honoured or refused in one line: ``sandbox_slots``
+    bounds the concurrent tool calls (as in the simulator, with ``SandboxQueued`` events);
+    ``[faults]`` of the tool kind are injected for real (``live_faults``); ``processor`` and
+    other fault kinds are refused (``live_config.refuse_unsupported``).
     """
-    from rlsched.cluster.config import RunConfig
+    from rlsched.cluster.config import LoggingConfig, RunConfig
 
     from . import checkpoint
-    from .live_config import LiveSettings
+    from .live_config import LiveSettings, refuse_unsupported
+    from .live_logging import check_available
 
     config = dict(config or {})
     out = Path(out_dir)
@@ -75,6 +83,13 @@ def run_live(policy_spec: str | None, *, make: PolicyMaker, steps: int | None, o
         run = replace(run, seed=seed)  # ``seed`` is the run's seed, as it always was
     if not isinstance(run, RunConfig):
         raise ConfigError(f"run_live: config['run'] must be a RunConfig, got {type(run).__name__}")
+    refuse_unsupported(run, resume=bool(manifest))
+    logging = config.get("logging")
+    if logging is None:
+        logging = LoggingConfig(**_logging_kw(recorded.get("logging"))) if manifest else LoggingConfig()
+    if not isinstance(logging, LoggingConfig):
+        raise ConfigError(f"run_live: config['logging'] must be a LoggingConfig, got {type(logging).__name__}")
+    check_available(logging)  # a missing package is one line before anything starts
     steps = steps if steps is not None else run.steps
     live = config.get("live")
     if live is None and manifest:
@@ -90,10 +105,14 @@ def run_live(policy_spec: str | None, *, make: PolicyMaker, steps: int | None, o
     fp = checkpoint.fingerprint(run, settings, gpus, tp)
     resumed = checkpoint.load(out, manifest, policy=canonical, fp=fp) if manifest else None
     if resumed is None:
+        prepare = config.get("prepare")  # the caller's output folder around ``out``, once all is checked
+        if prepare is not None:
+            prepare()
         _prepare_dir(out, force=bool(config.get("force")))
     t_wall = time.perf_counter()
     ctx = _Run(out, run, settings, gpus, tp, seed=run.seed, policy=policy, spec=spec, canonical=canonical,
-               fp=fp, config=checkpoint.config_of(run, settings), resumed=resumed)
+               fp=fp, config={**checkpoint.config_of(run, settings), "logging": logging.as_dict()},
+               resumed=resumed, logging=logging)
     driver, complete, error = None, False, None
     try:
         ctx.prepare(steps)
@@ -115,6 +134,14 @@ def run_live(policy_spec: str | None, *, make: PolicyMaker, steps: int | None, o
                 ctx.write(driver, complete=complete and error is None,
                           wall=time.perf_counter() - t_wall, error=error)
     return out
+
+
+def _logging_kw(recorded: Any) -> dict[str, Any]:
+    if not isinstance(recorded, dict):
+        return {}
+    kw = {k: recorded[k] for k in ("dir", "project", "name") if recorded.get(k) is not None}
+    kw["logger"] = tuple(recorded.get("logger") or ())
+    return kw
 
 
 def _prepare_dir(out: Path, *, force: bool) -> None:
@@ -147,7 +174,7 @@ class _Run:
     (after each step and at the end) and stops it."""
 
     def __init__(self, out: Path, run: Any, settings: Any, gpus: int, tp: int, *, seed: int, policy: Any,
-                 spec: str, canonical: str, fp: dict, config: dict, resumed: Any) -> None:
+                 spec: str, canonical: str, fp: dict, config: dict, resumed: Any, logging: Any = None) -> None:
         self.out, self.run, self.settings, self.gpus, self.tp, self.seed = out, run, settings, gpus, tp, seed
         self.policy, self.spec, self.canonical, self.fp, self.config = policy, spec, canonical, fp, config
         self.resumed = resumed  # checkpoint.Resumed | None
@@ -160,6 +187,9 @@ class _Run:
         self.rerun: list[str] = []  # trajectories a resume runs again from scratch
         self.driver_: Any = None
         self.t_wall = time.perf_counter()
+        self.logging = logging  # LoggingConfig | None
+        self.loggers: list[Any] = []
+        self._last: dict[str, Any] = {}  # what the previous step's metrics were measured from
 
     # ------------------------------------------------------------------- set-up
     def prepare(self, steps: int) -> None:
@@ -227,6 +257,7 @@ class _Run:
         from .agent_loop import Codec
         from .engine import EngineSettings
         from .live_driver import LiveDriver
+        from .live_faults import LiveFaults
         from .live_recorder import MemoryRecorder
         from .live_trainer import TrainerLane
         from .ray_cluster import start_cluster
@@ -253,7 +284,15 @@ class _Run:
             codec=Codec(self.model_dir), cluster=self.cluster, lane=lane, recorder=rec,
             make_env=self.make_env, seed=self.seed, progress=progress,
             base=self.base, t_offset=r.time if r else 0.0, on_step=self.checkpoint,
+            sandbox_slots=self.run.sandbox_slots,
+            faults=LiveFaults(self.run.faults) if self.run.faults else None,
         )
+        if self.logging is not None and self.logging.backends:
+            from .live_logging import open_loggers
+
+            self.loggers = open_loggers(self.logging, self.out, config={
+                "policy": self.canonical, "gpus": self.gpus, "tp": self.tp, **self.config["live"]})
+        self._last = {"time": r.time if r else 0.0, "tokens": 0, "seconds": {}, "micro": 0}
         if r is not None:
             started = set(r.record.trajectories.query("dispatches > 0")["trajectory"]) & set(self.rerun)
             rec.event(r.time, "Resume", version=0,
@@ -266,8 +305,13 @@ class _Run:
     def stop(self) -> None:
         from .ray_cluster import stop_cluster
 
-        if self.cluster is not None:
-            stop_cluster()
+        try:
+            for lg in self.loggers:
+                lg.close()
+        finally:
+            self.loggers = []
+            if self.cluster is not None:
+                stop_cluster()
 
     # ------------------------------------------------------------------ record
     def checkpoint(self) -> None:
@@ -284,6 +328,39 @@ class _Run:
         checkpoint.save(self.out, version, policy=self.canonical, num_steps=self.num_steps, fp=self.fp,
                         config=self.config, time=d.now())
         checkpoint.publish_record(self.out, version)
+        if self.loggers:
+            self._log_step(d)
+
+    def _log_step(self, d: Any) -> None:
+        """The step's scalars to every open logger (``live_logging``), measured from the
+        previous step: rewards and lengths of the trajectories it trained, its micro-batches'
+        loss, generated tokens and GPU-seconds per state over the step."""
+        from rlsched.cluster.ids import TrajStatus
+
+        from .live_logging import StepSample, loss_of, seconds_delta, step_scalars
+
+        st, row, last = d.st, d.steps[-1], self._last
+        now = d.now()
+        trained = [tid for tid, ts in st.trajs.items()
+                   if ts.status is TrajStatus.TRAINED and ts.trained_version == st.version - 1]
+        micro = d.stats["micro_batch"][last["micro"]:]
+        loss_sum, loss_tokens = loss_of(micro)
+        seconds = dict(d.timeline.seconds)
+        sample = StepSample(
+            version=int(row["version"]), seconds=now - last["time"], gpus=self.gpus,
+            trained_tokens=int(row["trained_tokens"]), train_seconds=float(row["train_seconds"]),
+            max_staleness=int(row["max_staleness"]),
+            rewards=[float(self.trajs[t].reward) for t in trained],
+            output_tokens=[int(self.trajs[t].output_tokens) for t in trained],
+            loss_sum=loss_sum, loss_tokens=loss_tokens,
+            generated_tokens=d.tokens_generated - last["tokens"],
+            state_seconds=seconds_delta(seconds, last["seconds"]),
+        )
+        scalars = step_scalars(sample)
+        for lg in self.loggers:
+            lg.log(scalars, sample.version)
+        self._last = {"time": now, "tokens": d.tokens_generated, "seconds": seconds,
+                      "micro": len(d.stats["micro_batch"])}
 
     def write(self, driver: Any, *, complete: bool, wall: float, error: BaseException | None) -> None:
         self._write(self.out, driver, complete=complete, wall=wall, error=error, close=True)
@@ -335,6 +412,10 @@ class _Run:
             "events_processed": driver.events_processed + int(prior.get("events_processed") or 0),
             "measurements": _merge_measurements(prior.get("measurements") or {}, _measurements(driver)),
             "resumes": resumes,
+            "sandbox_slots": min(self.run.sandbox_slots, self.settings.env_workers),  # tool calls at once, live
+            "logging": self.config.get("logging"),
+            **({"faults": driver.faults.close(), "fault_schedule": self.run.faults.to_dict()}
+               if driver.faults is not None else {}),
             "error": (str(error).splitlines() or [type(error).__name__])[0][:300] if error else None,
         }
         driver.rec.write(folder, trajs, steps, meta)
@@ -358,7 +439,9 @@ def _merge_rerun(before: pd.DataFrame, now: pd.DataFrame) -> pd.DataFrame:
 def _merge_measurements(prior: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
     out = dict(now)
     for k, v in prior.items():
-        if (isinstance(v, list) and isinstance(now.get(k), list)) or (
+        if k.endswith("_peak") and isinstance(v, int | float) and isinstance(now.get(k), int | float):
+            out[k] = max(v, now[k])
+        elif (isinstance(v, list) and isinstance(now.get(k), list)) or (
                 isinstance(v, int | float) and isinstance(now.get(k), int | float)):
             out[k] = v + now[k]
         elif isinstance(v, dict) and isinstance(now.get(k), dict):
@@ -392,4 +475,6 @@ def _measurements(driver: Any) -> dict[str, Any]:
         "engine_batched_requests": driver.engine_batched,
         "engine_submits": driver.engine_submits,
         "gpu_state_seconds": dict(driver.timeline.seconds),
+        "sandbox_peak": driver.sandbox_peak,
+        "sandbox_queued": driver.sandbox_queued,
     }

@@ -110,6 +110,21 @@ class LiveSettings:
         return Path(base) / "rlsched"
 
 
+def refuse_unsupported(run: Any, *, resume: bool = False) -> None:
+    """One line for each part of the run config (a ``RunConfig``) that the live backend
+    cannot honour yet, so what ``compare`` simulated is never silently not what
+    ``run --live`` runs. (``sandbox_slots`` is honoured: see ``live_driver``; tool faults
+    are injected for real: see ``live_faults``.)"""
+    from .live_faults import check_live_faults
+
+    if run.processor:
+        raise ConfigError(
+            "[run] processor = true: the live backend does not train through the trajectory processor "
+            "yet (prefix sharing is simulated only); set processor = false for --live"
+        )
+    check_live_faults(run.faults, resume=resume)
+
+
 def _convert(key: str, value: Any, default: Any) -> Any:
     if isinstance(default, tuple):
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):

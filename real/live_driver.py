@@ -17,6 +17,11 @@ remaining steps: versions and steps count from 0, ``base`` is the checkpoint's v
 (added on the way out: engines' weights, the record, progress) and the clock continues
 from the checkpoint's time ``t_offset``. ``on_step`` is called once each optimizer step is
 reported, before the policy reacts to it: that is when the run is made durable.
+
+Tool calls take a sandbox slot, as in the simulator: at most ``sandbox_slots`` environment
+steps run at once (and never more than ``[live] env_workers``, the threads that run them);
+a call that finds every slot taken waits in FIFO order and is recorded as ``SandboxQueued``.
+``faults`` (``live_faults``) makes armed tool calls hang for real until they are cut.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import heapq
 import queue
 import random
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -47,6 +53,7 @@ from rlsched.cluster.events import (
     Event,
     RunStarted,
     TimerFired,
+    ToolTimedOut,
     TrainStepFinished,
     TrajectoryFinished,
 )
@@ -55,7 +62,9 @@ from rlsched.cluster.state import ClusterState
 
 from .agent_loop import AgentTrajectory, Codec
 from .engine import EngineSettings, engine_actor_class
+from .env import StepResult
 from .live_config import LiveSettings
+from .live_faults import LiveFaults
 from .live_record import GpuTimeline
 from .live_recorder import MemoryRecorder
 from .live_roles import Roles
@@ -71,7 +80,8 @@ class LiveDriver:
                  settings: LiveSettings, engine_settings: EngineSettings, codec: Codec,
                  cluster: SlotCluster, lane: TrainerLane, recorder: MemoryRecorder,
                  make_env: Callable[[], Any], seed: int, progress: Callable | None = None,
-                 base: int = 0, t_offset: float = 0.0, on_step: Callable[[], None] | None = None) -> None:
+                 base: int = 0, t_offset: float = 0.0, on_step: Callable[[], None] | None = None,
+                 sandbox_slots: int | None = None, faults: LiveFaults | None = None) -> None:
         self.policy, self.st, self.trajs = policy, state, trajs
         self.settings, self.engine_settings, self.codec = settings, engine_settings, codec
         self.cluster, self.lane, self.rec = cluster, lane, recorder
@@ -88,6 +98,13 @@ class LiveDriver:
         self._timers: list[tuple[float, int, str]] = []
         self._seq = 0
         self._env_pool = ThreadPoolExecutor(settings.env_workers, thread_name_prefix="rlsched-env")
+        self.sandbox_slots = min(sandbox_slots or settings.env_workers, settings.env_workers)
+        self._sandbox_busy = 0
+        self._sandbox_wait: deque[tuple[str, int, Any, str]] = deque()  # (tid, epoch, env, text)
+        self.sandbox_peak = 0  # most tool calls running at once
+        self.sandbox_queued = 0  # tool calls that waited for a slot
+        self.faults = faults
+        self._stopping = threading.Event()  # ends a hung tool call's wait at shutdown
         self._misc_pool = ThreadPoolExecutor(8, thread_name_prefix="rlsched-live")
         self.stats: dict[str, list] = {"engine_start": [], "sync": [], "switch": [], "trainer": [], "micro_batch": [], "optimizer": []}
         self.events_processed = 0
@@ -127,7 +144,9 @@ class LiveDriver:
                         f"policy {self.policy.name} stalled at t={self.now():.1f}s: nothing is running "
                         f"and only {self.base + self.st.version} of {self.base + self.st.num_steps} steps are done"
                     )
-                wait = 1.0 if not self._timers else max(0.0, min(1.0, self._timers[0][0] - self.now()))
+                due = [t for t in (self._timers[0][0] if self._timers else None,
+                                   self.faults.next_at() if self.faults else None) if t is not None]
+                wait = max(0.0, min(1.0, min(due) - self.now())) if due else 1.0
                 try:
                     cb, fut = self._done_q.get(timeout=wait)
                 except queue.Empty:
@@ -144,6 +163,9 @@ class LiveDriver:
         return True
 
     def _fire_timers(self) -> None:
+        if self.faults is not None:
+            for note in self.faults.fire_due(self.now()):
+                self.rec.event(self.now(), "Fault", detail=note)
         while self._timers and self._timers[0][0] <= self.now():
             _, _, tag = heapq.heappop(self._timers)
             self.emit(TimerFired(tag))
@@ -178,7 +200,11 @@ class LiveDriver:
         while self._events:
             ev = self._events.popleft()
             self.events_processed += 1
-            describe_event(self.rec, self.now(), ev, st)
+            if isinstance(ev, ToolTimedOut):  # recorded as the simulator records it (sim/recording.py)
+                self.rec.event(self.now(), "ToolTimedOut", step=st.trajs[ev.trajectory].step,
+                               trajectory=ev.trajectory, detail=f"{ev.seconds:g}s")
+            else:
+                describe_event(self.rec, self.now(), ev, st)
             if isinstance(ev, TrainStepFinished) and self.on_step is not None:
                 self.on_step()  # the step is recorded and its weights saved: make it durable
             for cmd in self.policy.on_event(ev, st):
@@ -229,13 +255,53 @@ class LiveDriver:
         if rt.env is None:
             rt.env = self.make_env()
         env = rt.env
+        if kind == "reset":
+            self.bg(lambda: env.reset(t.task_id, seed=t.seed),
+                    cb=lambda r: self.rollout.on_env(tid, epoch, kind, r), pool="env")
+        elif self._sandbox_busy < self.sandbox_slots:
+            self._tool_call(tid, epoch, env, text)
+        else:
+            self._sandbox_wait.append((tid, epoch, env, text))
+            self.sandbox_queued += 1
+            self.rec.event(self.now(), "SandboxQueued", trajectory=tid)
+
+    def _tool_call(self, tid: str, epoch: int, env: Any, text: str) -> None:
+        """Run one tool call in a sandbox slot; the slot is freed when it returns. A call an
+        armed tool fault hits hangs for real: it holds its slot (and its trajectory waits)
+        until the cut, and its result is the timeout (``ToolTimedOut``)."""
+        self._sandbox_busy += 1
+        self.sandbox_peak = max(self.sandbox_peak, self._sandbox_busy)
+        limit = self.faults.take_hang(tid) if self.faults is not None else None
+        if limit is not None:
+            self.rec.event(self.now(), "Fault", trajectory=tid, detail=f"tool: call hangs, cut at {limit:g}s")
 
         def call() -> Any:
-            if kind == "reset":
-                return env.reset(t.task_id, seed=t.seed)
-            return env.step(text)
+            t0 = time.monotonic()
+            r = env.step(text)
+            if limit is not None:
+                self._stopping.wait(max(0.0, limit - (time.monotonic() - t0)))
+            return r
 
-        self.bg(call, cb=lambda r: self.rollout.on_env(tid, epoch, kind, r), pool="env")
+        def done(r: Any) -> None:
+            self._sandbox_busy -= 1
+            self._next_tool_call()
+            if limit is not None and self.faults is not None:
+                cut = self.faults.cut(float(r.seconds))
+                r = StepResult(observation=f"[the tool call timed out after {cut:g}s]", done=False,
+                               reward=0.0, seconds=cut)
+                if self.rollout.rt[tid].epoch == epoch:
+                    self.emit(ToolTimedOut(tid, cut))
+            self.rollout.on_env(tid, epoch, "step", r)
+
+        self.bg(call, cb=done, pool="env")
+
+    def _next_tool_call(self) -> None:
+        while self._sandbox_wait and self._sandbox_busy < self.sandbox_slots:
+            tid, epoch, env, text = self._sandbox_wait.popleft()
+            rt = self.rollout.rt[tid]
+            if rt.epoch != epoch or rt.env is not env:
+                continue  # interrupted (or restarted) while it waited: the call is void
+            self._tool_call(tid, epoch, env, text)
 
     def close_env(self, env: Any) -> None:
         self._env_pool.submit(env.close)
@@ -256,6 +322,7 @@ class LiveDriver:
     def shutdown(self) -> None:
         import ray
 
+        self._stopping.set()
         for eng in list(self.rollout.engines.values()):
             ray.kill(eng.actor)
         self.rollout.engines.clear()

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from rlsched.cluster.config import ConfigFile, RunConfig, load_config
+from rlsched.cluster.config import ConfigFile, LoggingConfig, RunConfig, load_config
 from rlsched.cluster.errors import ConfigError
 
 TraceOpt = Annotated[Path | None, typer.Option("--trace", help="Trace (Parquet/JSONL). Default: the shipped sample.")]
@@ -98,7 +98,7 @@ def compare_cmd(
 
 
 def run_cmd(
-    out: Annotated[Path, typer.Option("--out", help="Run directory to write.")],
+    out: Annotated[Path, typer.Option("--out", help="Output directory (summary.csv, runs/, report.html), with or without --live.")],
     policy: Annotated[str | None, typer.Option("--policy", help="Policy spec NAME[:key=value,...]; default: the config's first [[policy]].")] = None,
     live: Annotated[bool, typer.Option("--live", help="Run on the live backend (Ray + vLLM + Megatron-core).")] = False,
     trace: TraceOpt = None,
@@ -115,8 +115,13 @@ def run_cmd(
     check: CheckOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty --out directory.")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Live only: continue the run in --out from its last optimizer step.")] = False,
+    logger: Annotated[str | None, typer.Option("--logger", help="Live only: stream metrics to tensorboard, wandb (offline) or none; NAME[,NAME]. Default: the config's [logging].")] = None,
 ) -> None:
-    """Run one policy: in the simulator on a trace, or with --live on real engines."""
+    """Run one policy: in the simulator on a trace, or with --live on real engines.
+
+    Both write the same layout: OUT/summary.csv, the run record in OUT/runs/00-SPEC/ and
+    OUT/report.html (a live run that stopped before its last step gets no report, like an
+    interrupted compare)."""
     from rlsched.policies import make_policy, make_policy_and_spec
 
     if policy is None:
@@ -133,29 +138,44 @@ def run_cmd(
         if model_preset is not None or gpu_preset is not None:
             raise ConfigError("--model/--gpu choose the simulator's cost model; a --live run measures "
                               "its own hardware (drop them, or use rlsched calibrate)")
+        logging = LoggingConfig.parse(logger) if logger is not None else (cfg.logging if config is not None else None)
         try:
             from rlsched.real.driver import run_live
         except ImportError as exc:
             raise ConfigError(
                 f"the live backend is not available ({exc}); install it with .ci/install-live"
             ) from None
-        if resume and config is None:  # continue with the run's own settings (its checkpoint has them)
-            if gpus is not None or tp is not None or seed is not None:
-                raise ConfigError("--resume without --config continues with the run's own settings; drop --gpus/--tp/--seed")
-            path = run_live(policy, make=make_policy_and_spec, steps=steps, out_dir=out,
-                            config={"run": None, "live": None, "resume": True})
-            typer.echo(f"live run written to {path}")
-            return
-        run = cfg.run.with_overrides(steps=steps, seed=seed)
-        # --gpus/--tp name the live host, so they win over [live] gpus/tp as well as [cluster]
-        # (through the [live] table: a planned tp=4 need not divide the host's 2 slots)
-        live_table = {**cfg.live, **{k: v for k, v in (("gpus", gpus), ("tp", tp)) if v is not None}}
-        path = run_live(policy, make=make_policy_and_spec, steps=run.steps, out_dir=out,
-                        config={"run": run, "live": live_table, "force": force, "resume": resume}, seed=run.seed)
-        typer.echo(f"live run written to {path}")
+        if resume:
+            run_dir = find_live_run(out)
+        else:  # OUT is made (or, with --force, emptied) only once run_live has checked the config
+            if out.exists() and not out.is_dir():
+                raise ConfigError(f"--out {out}: exists and is not a directory")
+            run_dir = out / "runs" / run_dir_name(policy or "policy", 0)
+        try:
+            if resume and config is None:  # continue with the run's own settings (its checkpoint has them)
+                if gpus is not None or tp is not None or seed is not None:
+                    raise ConfigError("--resume without --config continues with the run's own settings; drop --gpus/--tp/--seed")
+                run_live(policy, make=make_policy_and_spec, steps=steps, out_dir=run_dir,
+                         config={"run": None, "live": None, "resume": True, "logging": logging})
+            else:
+                run = cfg.run.with_overrides(steps=steps, seed=seed)
+                # --gpus/--tp name the live host, so they win over [live] gpus/tp as well as [cluster]
+                # (through the [live] table: a planned tp=4 need not divide the host's 2 slots)
+                live_table = {**cfg.live, **{k: v for k, v in (("gpus", gpus), ("tp", tp)) if v is not None}}
+                run_live(policy, make=make_policy_and_spec, steps=run.steps, out_dir=run_dir,
+                         config={"run": run, "live": live_table, "force": force, "resume": resume,
+                                 "logging": logging, "prepare": lambda: prepare_live_out(out, force=force)},
+                         seed=run.seed)
+        except BaseException:
+            if not resume:
+                _remove_if_empty(out)
+            raise
+        finish_live(out, run_dir)
         return
     if resume:
         raise ConfigError("--resume applies to --live runs only")
+    if logger is not None:
+        raise ConfigError("--logger applies to --live runs only (a simulated run has its report)")
     from rlsched.compare import ComparePlan, compare
     from rlsched.ui import print_summary, step_progress
 
@@ -168,3 +188,105 @@ def run_cmd(
         summary = compare(plan, out, force=force, progress=progress)
     print_summary(summary)
     typer.echo(f"run written to {out}")
+
+
+# ----------------------------------------------------------------------------- live layout
+def run_dir_name(spec: str, index: int) -> str:
+    from rlsched.compare import run_dir_name as name
+
+    return name(spec, index)
+
+
+def prepare_live_out(out: Path, *, force: bool) -> None:
+    """``--out`` for a fresh live run: absent, empty, or replaced with --force (as compare)."""
+    import shutil
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise ConfigError(f"--out {out}: directory is not empty (use --force to replace it, "
+                              "or --resume to continue a live run stopped after a step)")
+        shutil.rmtree(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create it ({exc.strerror or exc.__class__.__name__})") from None
+
+
+def find_live_run(out: Path) -> Path:
+    """The run directory a ``--resume --out OUT`` continues: ``OUT/runs/NN-SPEC`` (the layout
+    ``run`` writes with and without --live), or ``OUT`` itself for a live run recorded before
+    that layout (its record and checkpoint at OUT: it resumes in place). A folder that is
+    neither is left to the checkpoint's own one-line refusal."""
+    if (out / "checkpoint" / "manifest.json").is_file():
+        return out  # the old layout
+    runs = out / "runs"
+    found = sorted(p for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
+    live = [p for p in found if (p / "checkpoint" / "manifest.json").is_file()]
+    if len(live) > 1:
+        raise ConfigError(f"--resume {out}: {len(live)} live runs under runs/ ({live[0].name}, {live[1].name}); "
+                          "a run --live output holds one")
+    if live:
+        return live[0]
+    return found[0] if len(found) == 1 else out  # the checkpoint check names what is missing
+
+
+def finish_live(out: Path, run_dir: Path) -> None:
+    """What ``compare`` writes around a run record: summary.csv, then the report (only for a
+    complete run). A run resumed in the old layout (record at OUT) gets neither: they would
+    land among its record's files."""
+    from rlsched.cluster.record import read_run
+    from rlsched.ui import console_err
+
+    if run_dir == out:
+        typer.echo(f"live run written to {out} (the layout before summary.csv/runs/; "
+                   f"make a report with: rlsched report {out} --out DIR)", err=True)
+        return
+    record = read_run(run_dir)
+    row = live_summary(out, [run_dir]).iloc[0]
+    # one line, not ui.print_summary's table: that one is titled "(simulated)"
+    typer.echo(f"{row['policy']}: {int(row['steps'])} steps in {row['sim_seconds']:,.1f}s live, "
+               f"gpu_utilization {row['gpu_utilization']:.3f}, trained_tokens {int(row['trained_tokens']):,}, "
+               f"max_staleness {int(row['max_staleness'])}, lost_trajectories {int(row['lost_trajectories'])}")
+    if record.meta.get("complete"):
+        from rlsched.analysis.report import write_report
+
+        write_report([run_dir], out, title=f"rlsched run --live: {record.meta.get('spec_as_given') or record.meta.get('policy')}")
+        console_err().print(f"report: {out / 'report.html'}")
+    else:
+        console_err().print(f"the run stopped before its last step (complete=false): no report "
+                            f"(make one with: rlsched report {run_dir} --out DIR)")
+    typer.echo(f"live run written to {out}")
+
+
+def live_summary(out: Path, run_dirs: list[Path]):  # -> pd.DataFrame
+    """OUT/summary.csv for live runs: the same rows and column order as compare's
+    (``rlsched.compare``), the policy as given and the run's folder under runs/."""
+    import pandas as pd
+
+    from rlsched.analysis.metrics import summarize
+    from rlsched.cluster.record import read_run
+    from rlsched.compare import SUMMARY_COLUMNS
+
+    rows = []
+    for rd in run_dirs:
+        rec = read_run(rd)
+        row = summarize(rec)
+        row["policy"] = rec.meta.get("spec_as_given") or rec.meta.get("policy")
+        row["run_dir"] = str(Path("runs") / rd.name)
+        rows.append(row)
+    summary = pd.DataFrame(rows)
+    cols = [c for c in SUMMARY_COLUMNS if c in summary.columns]
+    summary = summary[cols + [c for c in summary.columns if c not in cols]]
+    summary.to_csv(out / "summary.csv", index=False)
+    return summary
+
+
+def _remove_if_empty(out: Path) -> None:
+    """After a live run that left nothing (it failed before it started): no empty folders."""
+    import contextlib
+
+    for d in (out / "runs", out):
+        with contextlib.suppress(OSError):
+            d.rmdir()

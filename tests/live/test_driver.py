@@ -120,7 +120,9 @@ def test_planned_cluster_config_runs_on_the_live_host(tiny_cache, tmp_path) -> N
     res = subprocess.run([rlsched, "run", "--config", str(cfg), "--live", "--steps", "2", "--out", str(out)],
                          capture_output=True, text=True, timeout=1500)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    rec = read_run(out)
+    # the layout of a simulated `rlsched run`: the record under runs/, named by the spec run
+    assert (out / "summary.csv").is_file() and (out / "report.html").is_file()
+    rec = read_run(out / "runs" / "00-async_rollout_fraction=0.375_staleness=1")
     check_record(rec)
     m = rec.meta
     assert m["complete"] and m["steps_done"] == 2 and m["num_gpus"] == 2 and m["tp"] == 1

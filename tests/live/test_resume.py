@@ -5,13 +5,16 @@ killed with SIGKILL (the process group: driver, Ray and its workers) as soon as 
 optimizer step is durable. ``rlsched run --live --resume`` then continues it with the
 run's own policy and config, and the record must show the whole run: steps 0..2 each
 trained once, every trajectory of every step accounted for, versions continuing from the
-checkpoint, and the re-run work named.
+checkpoint, and the re-run work named. The run lives where ``rlsched run`` puts every run
+(OUT/runs/00-SPEC/, issue #27); the resume finds it there and, once complete, writes
+OUT/summary.csv and the report as a simulated run does.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,9 +47,13 @@ def _rlsched() -> str:
     return str(Path(sys.executable).with_name("rlsched"))
 
 
+def _run_dir(out: Path) -> Path:
+    return out / "runs" / "00-async_rollout_fraction=0.5_staleness=1"
+
+
 def _durable_version(out: Path) -> int:
     try:
-        return int(json.loads((out / "checkpoint" / "manifest.json").read_text())["version"])
+        return int(json.loads((_run_dir(out) / "checkpoint" / "manifest.json").read_text())["version"])
     except (OSError, ValueError, KeyError):
         return 0
 
@@ -77,10 +84,14 @@ def test_kill_after_first_step_then_resume(tiny_cache, tmp_path) -> None:
     assert 1 <= killed_at < STEPS
 
     # The killed run's directory holds the record as of its last durable step.
-    part = read_run(out)
+    assert not (out / "summary.csv").exists()  # written when the run ends
+    part = read_run(_run_dir(out))
     check_record(part)
     assert part.meta["steps_done"] == killed_at and not part.meta["complete"]
     assert list(part.steps["version"]) == list(range(1, killed_at + 1))
+    # the same killed run as the layout before runs/ held it (record and checkpoint at OUT)
+    old = tmp_path / "old-layout"
+    shutil.copytree(_run_dir(out), old)
 
     t1 = time.monotonic()
     res = subprocess.run([_rlsched(), "run", "--live", "--resume", "--out", str(out)],
@@ -88,8 +99,9 @@ def test_kill_after_first_step_then_resume(tiny_cache, tmp_path) -> None:
     print(f"resume: {time.monotonic() - t1:.0f}s")
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
 
-    rec = read_run(out)
+    rec = read_run(_run_dir(out))
     check_record(rec)
+    assert (out / "summary.csv").is_file() and (out / "report.html").is_file()
     m = rec.meta
     assert m["complete"] and m["steps_done"] == STEPS and m["policy"].startswith("async:")
     assert list(rec.steps["version"]) == list(range(1, STEPS + 1))  # each step trained once
@@ -107,7 +119,7 @@ def test_kill_after_first_step_then_resume(tiny_cache, tmp_path) -> None:
     kinds = rec.events["kind"]
     assert (kinds == "Resume").sum() == 1
     assert (rec.events.loc[kinds == "TrainStepFinished", "version"].tolist() == list(range(1, STEPS + 1)))
-    trace = load_trace(out / "trace.parquet")
+    trace = load_trace(_run_dir(out) / "trace.parquet")
     assert set(trace["trajectory_id"]) == expected
     assert (trace["policy_version"] <= trace["step"]).all() and (trace["policy_version"] >= trace["step"] - 1).all()
 
@@ -125,3 +137,14 @@ def test_kill_after_first_step_then_resume(tiny_cache, tmp_path) -> None:
     other = subprocess.run([_rlsched(), "run", "--live", "--resume", "--out", str(tmp_path)],
                            capture_output=True, text=True, timeout=300)
     assert other.returncode != 0 and "no checkpoint" in other.stderr, other.stderr
+
+    # A run recorded in the layout before runs/ still resumes, in place (no summary/report
+    # among its record's files), and says so in one line.
+    res_old = subprocess.run([_rlsched(), "run", "--live", "--resume", "--out", str(old)],
+                             capture_output=True, text=True, timeout=1800)
+    assert res_old.returncode == 0, res_old.stdout[-2000:] + res_old.stderr[-2000:]
+    assert "the layout before" in res_old.stderr and not (old / "summary.csv").exists()
+    rec_old = read_run(old)
+    check_record(rec_old)
+    assert rec_old.meta["complete"] and list(rec_old.steps["version"]) == list(range(1, STEPS + 1))
+    assert sorted(rec_old.trajectories["trajectory"]) == sorted(expected)

@@ -1,0 +1,91 @@
+"""``rlsched run --live`` writes the layout ``rlsched run`` writes (OUT/summary.csv,
+OUT/runs/00-SPEC/, OUT/report.html), ``--resume`` finds the run in it or in the layout
+before, and what the live backend cannot honour is refused in one line (issues #27, #22).
+The live runs themselves are in tests/live/test_layout_logging.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlsched.cli_run import find_live_run, prepare_live_out
+from rlsched.cluster.config import RunConfig, parse_config
+from rlsched.cluster.errors import ConfigError
+from rlsched.real.live_config import refuse_unsupported
+
+
+def _manifest(d) -> None:
+    (d / "checkpoint").mkdir(parents=True)
+    (d / "checkpoint" / "manifest.json").write_text(json.dumps({"version": 1}))
+
+
+def test_resume_finds_the_run_in_either_layout(tmp_path) -> None:
+    old = tmp_path / "old"
+    _manifest(old)
+    assert find_live_run(old) == old  # recorded before runs/: resumes in place
+    new = tmp_path / "new"
+    _manifest(new / "runs" / "00-async")
+    assert find_live_run(new) == new / "runs" / "00-async"
+    _manifest(new / "runs" / "01-elastic")
+    with pytest.raises(ConfigError, match="2 live runs under runs/"):
+        find_live_run(new)
+    sim = tmp_path / "sim"
+    (sim / "runs" / "00-async").mkdir(parents=True)
+    assert find_live_run(sim) == sim / "runs" / "00-async"  # its meta says why it cannot resume
+    assert find_live_run(tmp_path / "none") == tmp_path / "none"
+
+
+def test_fresh_out_must_be_empty_or_forced(tmp_path) -> None:
+    out = tmp_path / "out"
+    prepare_live_out(out, force=False)
+    (out / "x").write_text("x")
+    with pytest.raises(ConfigError, match="not empty"):
+        prepare_live_out(out, force=False)
+    prepare_live_out(out, force=True)
+    assert out.is_dir() and not any(out.iterdir())
+
+
+def test_processor_and_faults_are_refused_in_one_line() -> None:
+    refuse_unsupported(RunConfig(gpus=2, tp=1, sandbox_slots=1))  # sandbox_slots is honoured
+    with pytest.raises(ConfigError, match=r"^\[run\] processor = true: the live backend") as err:
+        refuse_unsupported(RunConfig(gpus=2, tp=1, processor=True))
+    assert "\n" not in str(err.value)
+    for fault, words in (({"kind": "gpu", "at": 5.0}, "fault 'gpu': the live backend injects only 'tool'"),
+                         ({"kind": "sync", "at": 5.0}, "fault 'sync'"),
+                         ({"kind": "tool", "per_hour": 2.0}, "rate faults are simulated only")):
+        run = parse_config({"cluster": {"gpus": 2, "tp": 1}, "faults": {"fault": [fault]}}).run
+        with pytest.raises(ConfigError, match=r"^\[faults\] ") as err:
+            refuse_unsupported(run)
+        assert words in str(err.value) and "\n" not in str(err.value)
+    tool = parse_config({"cluster": {"gpus": 2, "tp": 1}, "faults": {"fault": [{"kind": "tool", "at": 0.0}]}}).run
+    refuse_unsupported(tool)  # injected for real
+    with pytest.raises(ConfigError, match="does not re-arm"):
+        refuse_unsupported(tool, resume=True)
+    refuse_unsupported(parse_config({"cluster": {"gpus": 2, "tp": 1}, "faults": {}}).run)  # no faults
+
+
+def test_live_tool_faults_arm_at_their_time_and_hit_the_next_call() -> None:
+    from rlsched.cluster.faults import Fault, FaultSchedule
+    from rlsched.real.live_faults import LiveFaults
+
+    lf = LiveFaults(FaultSchedule((Fault("tool", at=5.0, trajectory="b"), Fault("tool", at=1.0)), tool_timeout_s=3.0))
+    assert lf.next_at() == 1.0 and lf.fire_due(0.5) == []
+    assert lf.take_hang("a") is None  # nothing armed yet
+    assert lf.fire_due(2.0) == ["tool: next tool call of any trajectory hangs (cut at 3s)"]
+    assert lf.take_hang("a") == 3.0 and lf.take_hang("a") is None  # one call per fault
+    assert lf.fire_due(9.0) == ["tool: next tool call of b hangs (cut at 3s)"] and lf.next_at() is None
+    assert lf.take_hang("a") is None and lf.take_hang("b") == 3.0
+    assert lf.cut(1.0) == 3.0 and lf.cut(4.0) == 4.0  # a call slower than the limit is not cut shorter
+    stats = lf.close()
+    assert (stats["faults"], stats["tool"], stats["tool_seconds_lost"], stats["armed_never_hit"]) == (2, 2, 2.0, 0)
+
+
+def test_resume_of_a_simulated_run_is_refused_in_one_line(tmp_path, capsys) -> None:
+    from rlsched.cli import main
+    from rlsched.real.checkpoint import read_manifest
+
+    out = tmp_path / "sim"
+    assert main(["run", "--policy", "colocated", "--steps", "1", "--gpus", "4", "--tp", "1", "--out", str(out)]) == 0
+    with pytest.raises(ConfigError, match="run, not a live run; only `run --live` runs resume"):
+        read_manifest(find_live_run(out))
