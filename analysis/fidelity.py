@@ -49,7 +49,7 @@ def live_record(path: Path) -> RunRecord:
     if rec.steps.empty:
         raise RecordError(f"{path}: the live run finished no optimizer step; nothing to compare")
     trace = rec.meta.get("trace")
-    if not trace or not (path / str(trace)).is_file():
+    if not trace or not (rec.path / str(trace)).is_file():
         raise RecordError(f"{path}: no recorded trace (meta.trace -> trace.parquet); re-run it with this rlsched")
     return rec
 

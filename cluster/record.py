@@ -290,9 +290,29 @@ class RunRecord:
 _FILES = ("meta.json", "events.parquet", "intervals.parquet", "trajectories.parquet", "steps.parquet")
 
 
+def single_run_dir(d: Path) -> Path:
+    """``d`` itself, or the one run record under ``d/runs/`` when ``d`` is an output folder
+    (no ``meta.json`` of its own). An output folder of several runs is refused in one line
+    naming them: which one was meant is the user's choice."""
+    runs = d / "runs"
+    if (d / "meta.json").exists() or not runs.is_dir():
+        return d
+    found = sorted(p for p in runs.iterdir() if (p / "meta.json").is_file())
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        return d
+    names = ", ".join(str(p) for p in found[:3]) + (", ..." if len(found) > 3 else "")
+    raise RecordError(f"{d}: holds {len(found)} run records ({names}); name one of them")
+
+
 def read_run(path: str | Path, *, tables: tuple[str, ...] = ("events", "intervals", "trajectories", "steps")) -> RunRecord:
-    """Read a run directory; any problem is one RecordError line naming the file."""
-    d = Path(path)
+    """Read a run directory; any problem is one RecordError line naming the file.
+
+    The output folder of ``rlsched run`` (simulated or ``--live``) holds its one run record
+    under ``runs/``; given such a folder, that record is read, so every command that takes
+    one run accepts the folder the user named with ``--out``."""
+    d = single_run_dir(Path(path))
     if not d.is_dir():
         raise RecordError(f"{d}: not a run directory (expected the folder `rlsched compare/run` wrote)")
     for name in _FILES:
