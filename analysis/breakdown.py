@@ -16,6 +16,8 @@ which is what a scheduling policy can change:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
@@ -26,13 +28,16 @@ from .intervals import STATE_INDEX, gap_segments, overlap, seconds_by_state, spa
 from .metrics import BUSY, label, makespan
 from .style import STATE_LABELS, UNRECORDED
 
+if TYPE_CHECKING:
+    from .stream import IntervalSummary
+
 BREAKDOWN_COLUMNS = ("policy", "state", "cause", "gpu_seconds", "fraction", "note")
 SANDBOX_BURST_GAP_S = 60.0  # queue events closer than this belong to one saturated span
 
 G = GpuState
 
 
-def _sandbox_windows(record: RunRecord) -> tuple[np.ndarray, np.ndarray, str]:
+def sandbox_windows(record: RunRecord) -> tuple[np.ndarray, np.ndarray, str]:
     ev = record.events
     if ev.empty:
         return np.empty(0), np.empty(0), ""
@@ -61,28 +66,32 @@ def _sandbox_windows(record: RunRecord) -> tuple[np.ndarray, np.ndarray, str]:
     )
 
 
-def breakdown(record: RunRecord) -> pd.DataFrame:
-    """GPU-seconds and share of all GPU-time per (state, cause); rows sum to 1."""
+def breakdown(record: RunRecord, streamed: IntervalSummary | None = None) -> pd.DataFrame:
+    """GPU-seconds and share of all GPU-time per (state, cause); rows sum to 1.
+
+    ``streamed``: the record's intervals reduced in one pass (its ``intervals`` frame is
+    then not read); without it, the intervals in memory are used."""
     span = makespan(record)
-    sp = spans(record.intervals, span)
-    secs = seconds_by_state(sp)
+    ws, we, note = sandbox_windows(record)
+    if streamed is not None:
+        secs, saturated, tail = streamed.seconds, streamed.saturated_tool_seconds, streamed.tail_idle_seconds
+    else:
+        sp = spans(record.intervals, span)
+        secs = seconds_by_state(sp)
+        tw = sp.of_states(G.TOOL_WAIT.value)
+        saturated = float((overlap(tw.start, tw.end, ws, we) * tw.gpu_count).sum())
+        work = sp.of_states(G.GENERATE.value, G.TOOL_WAIT.value)
+        us, ue = union(work.start, work.end)
+        ri = sp.of_states(G.ROLLOUT_IDLE.value)
+        tail = float((overlap(ri.start, ri.end, us, ue) * ri.gpu_count).sum())
     total = int(record.meta["num_gpus"]) * span
 
     def s(state: GpuState) -> float:
         return float(secs[STATE_INDEX[state.value]])
 
     rows: list[tuple[str, str, float, str]] = [(G.GENERATE, STATE_LABELS[G.GENERATE], s(G.GENERATE), "")]
-
-    tw = sp.of_states(G.TOOL_WAIT.value)
-    ws, we, note = _sandbox_windows(record)
-    saturated = float((overlap(tw.start, tw.end, ws, we) * tw.gpu_count).sum())
     rows.append((G.TOOL_WAIT, "waiting on tools", s(G.TOOL_WAIT) - saturated, ""))
     rows.append((G.TOOL_WAIT, "waiting on a saturated sandbox pool", saturated, note))
-
-    work = sp.of_states(G.GENERATE.value, G.TOOL_WAIT.value)
-    us, ue = union(work.start, work.end)
-    ri = sp.of_states(G.ROLLOUT_IDLE.value)
-    tail = float((overlap(ri.start, ri.end, us, ue) * ri.gpu_count).sum())
     rows.append((G.ROLLOUT_IDLE, "waiting on the long tail", tail, "other engines still held trajectories"))
     rows.append((
         G.ROLLOUT_IDLE, "no rollout work", s(G.ROLLOUT_IDLE) - tail,
@@ -126,12 +135,23 @@ def _weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs: tuple[int
     return [float(v) for v in values[order][at]]
 
 
-def bubbles(record: RunRecord) -> dict[str, object]:
+def bubbles(record: RunRecord, streamed: IntervalSummary | None = None) -> dict[str, object]:
     """Count, total, distribution and the longest of the run's idle bubbles (per GPU:
-    a bubble shared by an engine's 4 GPUs counts 4 times)."""
-    b = bubble_lengths(record)
-    secs = b["seconds"].to_numpy()
-    w = b["gpu_count"].to_numpy()
+    a bubble shared by an engine's 4 GPUs counts 4 times). ``streamed``: as for
+    :func:`breakdown` (it must have been made with ``full=True``)."""
+    longest: tuple[float, int, float] | None
+    if streamed is not None:
+        if streamed.bubbles is None:
+            raise ValueError("bubbles(): the interval summary was made without bubbles (full=False)")
+        secs, w, longest = streamed.bubbles.seconds, streamed.bubbles.gpus, streamed.bubbles.longest
+    else:
+        b = bubble_lengths(record)
+        secs = b["seconds"].to_numpy()
+        w = b["gpu_count"].to_numpy()
+        longest = None
+        if secs.size:
+            i = int(secs.argmax())
+            longest = (float(secs[i]), int(b["gpu_first"].iat[i]), float(b["start"].iat[i]))
     n = int(w.sum())
     total = float((secs * w).sum())
     row: dict[str, object] = {"policy": label(record), "bubbles": n}
@@ -141,9 +161,8 @@ def bubbles(record: RunRecord) -> dict[str, object]:
     qs = (50, 90, 99)
     for q, v in zip(qs, _weighted_percentiles(secs, w, qs) if n else [0.0] * len(qs), strict=True):
         row[f"p{q}_seconds"] = v
-    if n:
-        i = int(secs.argmax())
-        row.update(longest_seconds=float(secs[i]), longest_gpu=int(b["gpu_first"].iat[i]), longest_start=float(b["start"].iat[i]))
+    if n and longest is not None:
+        row.update(longest_seconds=longest[0], longest_gpu=longest[1], longest_start=longest[2])
     else:
         row.update(longest_seconds=0.0, longest_gpu=-1, longest_start=float("nan"))
     return row
