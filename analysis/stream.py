@@ -288,7 +288,7 @@ def summarize_intervals(
     ws, we = sandbox
     saturated: list[np.ndarray] = []
     work_s, work_e = np.empty(0), np.empty(0)
-    ridle: list[Spans] = []
+    ridle: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # rollout_idle: start, end, GPUs
     exact: list[Spans] | None = []
     gaps = _GapTracker(num_gpus)
     builder = GridBuilder(num_gpus, horizon, max_rows=grid_rows, bins=grid_bins) if full else None
@@ -310,16 +310,19 @@ def summarize_intervals(
                 exact.append(sp)
                 if sum(p.start.size for p in exact) > EXACT_SPANS_MAX:
                     exact = None
+            # (each part gathers only the columns it reads: these are millions of rows)
             if ws.size:
-                tw = sp.where(sp.state == _TOOL)
-                saturated.append(overlap(tw.start, tw.end, ws, we) * tw.gpu_count)
-            work = sp.where(np.isin(sp.state, _WORK))
-            if work.start.size:
-                cs, ce = union(work.start, work.end)
+                m = sp.state == _TOOL
+                saturated.append(overlap(sp.start[m], sp.end[m], ws, we) * sp.gpu_count[m])
+            m = (sp.state == _WORK[0]) | (sp.state == _WORK[1])
+            if m.any():
+                cs, ce = union(sp.start[m], sp.end[m])
                 work_s, work_e = union(np.concatenate([work_s, cs]), np.concatenate([work_e, ce]))
-            ridle.append(sp.where(sp.state == _RIDLE))
-            busy = sp.where(np.isin(sp.state, _BUSY))
-            gaps.add(busy.gpu_first, busy.gpu_count, busy.start, busy.end)
+            m = sp.state == _RIDLE
+            if m.any():
+                ridle.append((sp.start[m], sp.end[m], sp.gpu_count[m]))
+            m = (sp.state == _BUSY[0]) | (sp.state == _BUSY[1])
+            gaps.add(sp.gpu_first[m], sp.gpu_count[m], sp.start[m], sp.end[m])
     except RecordError:
         raise
     except Exception as exc:
@@ -327,12 +330,9 @@ def summarize_intervals(
     if not full:
         return IntervalSummary(num_gpus, horizon, rows, seconds, nspans, 0.0, 0.0, None, None, None)
     sat = float(np.concatenate(saturated).sum()) if saturated else 0.0
-    ri = [p for p in ridle if p.start.size]
     tail = 0.0
-    if ri:
-        r_start = np.concatenate([p.start for p in ri])
-        r_end = np.concatenate([p.end for p in ri])
-        r_count = np.concatenate([p.gpu_count for p in ri])
+    if ridle:
+        r_start, r_end, r_count = (np.concatenate(c) for c in zip(*ridle, strict=True))
         tail = float((overlap(r_start, r_end, work_s, work_e) * r_count).sum())
     bubbles = gaps.finish(horizon) if gaps.ordered else _bubbles_in_memory(path, num_gpus, horizon)
     spans_all = None

@@ -137,3 +137,22 @@ def test_summary_only_pass_skips_the_rest(run_dirs):
                              float(full.meta["makespan_seconds"]), full=False)
     assert st.grid is None and st.bubbles is None
     assert np.array_equal(st.seconds, seconds_by_state(spans(full.intervals, float(full.meta["makespan_seconds"]))))
+
+
+def _percentiles_by_full_sort(values, weights, qs):
+    order = np.argsort(values)
+    cum = np.cumsum(weights[order])
+    return [float(v) for v in values[order][np.searchsorted(cum, np.asarray(qs, dtype=float) / 100.0 * cum[-1])]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bucketed_percentiles_equal_a_full_sort(seed):
+    from rlsched.analysis.breakdown import _weighted_percentiles
+
+    rng = np.random.default_rng(seed)
+    values = rng.lognormal(1.0, 2.0, 150_000) + (0.0 if seed % 3 else 1.0)
+    if seed % 2:
+        values = np.round(values, seed % 3)  # many ties
+    weights = rng.integers(1, 9, values.size)
+    qs = (0, 1, 50, 90, 99, 100)
+    assert _weighted_percentiles(values, weights, qs) == _percentiles_by_full_sort(values, weights, qs)
