@@ -120,9 +120,13 @@ class _GapTracker:
         if n == 0 or not self.ordered:
             return
         first, count = first.astype(np.int64), count.astype(np.int64)
-        bounds = np.unique(np.concatenate([[0, self.num_gpus], first, first + count]))
+        cut = np.zeros(self.num_gpus + 1, dtype=bool)  # the batch's range boundaries
+        cut[[0, self.num_gpus]] = True
+        cut[first] = True
+        cut[first + count] = True
+        bounds = np.flatnonzero(cut)
         piece_row, piece_atom, piece_width = split_ranges(first, count, bounds)
-        o = np.lexsort((piece_row, piece_atom))  # by atom, file (= time) order within one
+        o = np.argsort(piece_atom * n + piece_row)  # by atom, file (= time) order within one
         a, r = piece_atom[o], piece_row[o]
         s, e = start[r], end[r]
         p = a.size

@@ -165,8 +165,14 @@ def _rel_run(rd: Path, base: Path) -> str:
 
 
 def _summary(plan: ComparePlan, run_dirs: Sequence[Path]) -> pd.DataFrame:
-    """summary.csv without a report: each record's intervals summed in one pass (only the
-    per-state seconds; the record's events are not read)."""
+    return summary_rows(plan.specs, run_dirs)
+
+
+def summary_rows(specs: Sequence[str], run_dirs: Sequence[Path]) -> pd.DataFrame:
+    """summary.csv's rows for run records under ``OUT/runs/`` (``policy`` = the spec as
+    given, ``run_dir`` = ``runs/NAME``), without a report: each record's intervals are
+    summed in one pass (only the per-state seconds; its events are not read). For any
+    driver's records: the live ``rlsched run`` writes its summary.csv with it too."""
     from rlsched.analysis.load import check_record, empty_intervals
     from rlsched.analysis.metrics import summarize
     from rlsched.analysis.stream import summarize_intervals
@@ -181,7 +187,7 @@ def _summary(plan: ComparePlan, run_dirs: Sequence[Path]) -> pd.DataFrame:
             rd / "intervals.parquet", int(rec.meta["num_gpus"]), float(rec.meta["makespan_seconds"]), full=False,
         )
         row = summarize(rec, streamed)
-        row["policy"] = plan.specs[i]
+        row["policy"] = specs[i]
         row["run_dir"] = str(Path("runs") / rd.name)
         rows.append(row)
     return _ordered(pd.DataFrame(rows))

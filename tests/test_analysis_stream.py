@@ -156,3 +156,15 @@ def test_bucketed_percentiles_equal_a_full_sort(seed):
     weights = rng.integers(1, 9, values.size)
     qs = (0, 1, 50, 90, 99, 100)
     assert _weighted_percentiles(values, weights, qs) == _percentiles_by_full_sort(values, weights, qs)
+
+
+def test_summary_rows_equal_the_in_memory_summary(run_dirs):
+    from rlsched.compare import summary_rows
+
+    dirs = run_dirs[:4]
+    got = summary_rows(["a", "b", "c", "d"], dirs)
+    for i, rd in enumerate(dirs):
+        want = {**summarize(load_run(rd)), "policy": "abcd"[i], "run_dir": f"runs/{rd.name}"}
+        row = got.iloc[i].to_dict()
+        assert list(row) == list(want)
+        assert all(_same(row[k], want[k]) or row[k] == want[k] for k in want), rd
