@@ -256,9 +256,14 @@ HOST_META = frozenset({"wall_seconds"})  # host time a live record's meta keeps:
 
 
 def _version() -> str:
-    from rlsched import __version__
+    """The installed rlsched's version (from its distribution: analysis does not import the
+    CLI package)."""
+    from importlib import metadata
 
-    return str(__version__)
+    try:
+        return metadata.version("rlsched")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _config_section(runs: Sequence[RunInfo]) -> str:
