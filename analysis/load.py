@@ -16,7 +16,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -39,12 +41,16 @@ STEP_COLUMNS = ("version", "time")
 EVENT_COLUMNS = ("time", "kind", "trajectory")
 
 
-def load_run(path: str | Path) -> RunRecord:
-    """Read and check a run directory for the report (events filtered, see module doc)."""
+def load_run(path: str | Path, *, intervals: bool = True) -> RunRecord:
+    """Read and check a run directory for the report (events filtered, see module doc).
+
+    ``intervals=False`` leaves the GPU intervals on disk (the record's ``intervals`` is an
+    empty frame with their columns): :func:`rlsched.analysis.stream.summarize_intervals`
+    reads them in one pass instead, which is how the report handles seed-scale records."""
     rec = read_run(path, tables=("trajectories", "steps"))
     f = rec.path / "events.parquet"
     try:
-        kinds = pq.read_table(f, columns=["kind"]).column("kind")
+        kinds = pq.read_table(f, columns=["kind"], read_dictionary=["kind"]).column("kind")
         counts = _counts(kinds)
         events = pd.read_parquet(
             f, columns=list(EVENT_COLUMNS), filters=[("kind", "in", list(EVENT_KINDS))]
@@ -52,6 +58,11 @@ def load_run(path: str | Path) -> RunRecord:
     except Exception as exc:  # pyarrow raises many types for corrupt or foreign files
         raise RecordError(f"{f}: unreadable events ({str(exc).splitlines()[0][:120]})") from None
     f = rec.path / "intervals.parquet"
+    if not intervals:
+        meta = {**rec.meta, "_event_counts": counts}
+        out = RunRecord(rec.path, meta, events, empty_intervals(), rec.trajectories, rec.steps)
+        check_record(out)
+        return out
     try:
         # a seed-scale record has millions of intervals but eight states: read the state
         # column dictionary-encoded (a categorical, 1 byte a row) instead of as strings
@@ -66,9 +77,27 @@ def load_run(path: str | Path) -> RunRecord:
     return out
 
 
+def empty_intervals() -> pd.DataFrame:
+    """An intervals table with no rows (the record's intervals are read from disk later)."""
+    return pd.DataFrame({
+        "gpu_first": pd.Series(dtype="int32"), "gpu_count": pd.Series(dtype="int32"),
+        "start": pd.Series(dtype="float64"), "end": pd.Series(dtype="float64"), "state": pd.Series(dtype="str"),
+    })
+
+
 def _counts(kinds: Any) -> dict[str, int]:
-    vc = pc.value_counts(kinds)
-    return {str(v["values"]): int(v["counts"]) for v in vc.to_pylist() if v["values"] is not None}
+    """Rows per event kind. A dictionary-encoded column (millions of rows, a dozen kinds)
+    is counted on its indices, chunk by chunk (chunks may have different dictionaries)."""
+    if not pa.types.is_dictionary(kinds.type):
+        vc = pc.value_counts(kinds)
+        return {str(v["values"]): int(v["counts"]) for v in vc.to_pylist() if v["values"] is not None}
+    out: dict[str, int] = {}
+    for chunk in kinds.chunks:
+        idx = chunk.indices.drop_null().to_numpy(zero_copy_only=False)
+        for name, n in zip(chunk.dictionary.to_pylist(), np.bincount(idx, minlength=len(chunk.dictionary)), strict=True):
+            if n:
+                out[str(name)] = out.get(str(name), 0) + int(n)
+    return out
 
 
 def event_counts(record: RunRecord) -> dict[str, int]:

@@ -42,7 +42,7 @@ Definitions (the report and summary.csv use exactly these):
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -53,12 +53,18 @@ from rlsched.cluster.record import RunRecord
 from .intervals import STATE_INDEX, seconds_by_state, spans
 from .load import check_record, event_counts
 
-# summary.csv: a public contract. Columns are only ever added, never renamed or removed.
+if TYPE_CHECKING:
+    from .stream import IntervalSummary
+
+# summary.csv: a public contract. Columns are only ever added, never renamed or removed --
+# with one exception: ``wall_seconds`` (host time, between ``saved_tokens`` and
+# ``events_processed``) left it so that two replays of one run give the same file; the
+# compare's ``timing.csv`` has it (issue 27).
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "policy", "steps", "sim_seconds", "trained_tokens", "gpu_utilization", "max_staleness",
     "lost_trajectories", "lower_bound_seconds",
     "steps_per_hour", "trained_tokens_per_gpu_hour", "gap_to_bound_pct", "idle_fraction",
-    "dropped_trajectories", "wasted_tokens", "saved_tokens", "wall_seconds", "events_processed",
+    "dropped_trajectories", "wasted_tokens", "saved_tokens", "events_processed",
     "unfinished_trajectories", "complete", "driver", "num_gpus",
     "faults", "retried_trajectories", "fault_wasted_tokens", "fault_gpu_seconds_lost",
     "failed_gpu_seconds", "fault_tool_seconds_lost",
@@ -86,10 +92,14 @@ def steps_done(record: RunRecord) -> int:
     return len(record.steps)
 
 
-def state_seconds(record: RunRecord) -> pd.Series:
-    """GPU-seconds per GpuState over ``[0, makespan]`` (all states, zeros included)."""
-    sp = spans(record.intervals, makespan(record))
-    return pd.Series(seconds_by_state(sp), index=list(STATE_INDEX), name="gpu_seconds")
+def state_seconds(record: RunRecord, streamed: IntervalSummary | None = None) -> pd.Series:
+    """GPU-seconds per GpuState over ``[0, makespan]`` (all states, zeros included); from
+    ``streamed`` (the intervals reduced in one pass) when given, else the frame in memory."""
+    if streamed is not None:
+        secs = streamed.seconds
+    else:
+        secs = seconds_by_state(spans(record.intervals, makespan(record)))
+    return pd.Series(secs, index=list(STATE_INDEX), name="gpu_seconds")
 
 
 def staleness(record: RunRecord) -> pd.Series:
@@ -126,13 +136,15 @@ def _finite_or_nan(v: Any) -> float:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else math.nan
 
 
-def summarize(record: RunRecord) -> dict[str, Any]:
-    """One ``summary.csv`` row for the run (columns: :data:`SUMMARY_COLUMNS`)."""
+def summarize(record: RunRecord, streamed: IntervalSummary | None = None) -> dict[str, Any]:
+    """One ``summary.csv`` row for the run (columns: :data:`SUMMARY_COLUMNS`); ``streamed``
+    as for :func:`state_seconds`. Every value is a function of the record's contents, so
+    replaying the same run gives the same row, byte for byte (host time is not in it)."""
     check_record(record)
     meta = record.meta
     span = makespan(record)
     gpus = int(meta["num_gpus"])
-    secs = state_seconds(record)
+    secs = state_seconds(record, streamed)
     total = gpus * span
     busy = float(secs[list(BUSY)].sum())
     t = record.trajectories
@@ -158,7 +170,6 @@ def summarize(record: RunRecord) -> dict[str, Any]:
         "dropped_trajectories": int((status == TrajStatus.DROPPED.value).sum()),
         "wasted_tokens": int(t["wasted_tokens"].sum()),
         "saved_tokens": saved_tokens(record),
-        "wall_seconds": _finite_or_nan(meta.get("wall_seconds")),
         "events_processed": int(meta["events_processed"]) if isinstance(meta.get("events_processed"), int) else -1,
         "unfinished_trajectories": int((~status.isin(_TERMINAL)).sum()),
         "complete": bool(meta.get("complete", False)),

@@ -9,7 +9,8 @@ well under a second and stays legible.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -19,7 +20,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from .intervals import grid, spans
+from .intervals import Grid, Spans, grid, spans
+from .stream import EXACT_SPANS_MAX
 from .style import (
     BUSY_LINE,
     HATCHES,
@@ -36,7 +38,9 @@ from .style import (
     time_unit,
 )
 
-EXACT_TIMELINE_MAX_INTERVALS = 20_000  # above this, the timeline is binned
+if TYPE_CHECKING:
+    from .stream import IntervalSummary
+EXACT_TIMELINE_MAX_INTERVALS = EXACT_SPANS_MAX  # above this, the timeline is binned
 
 
 def _state_legend(ax: Axes, states: Sequence[str], *, outside: bool = True, **kw: object) -> None:
@@ -52,18 +56,36 @@ def _legend(ax: Axes) -> None:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
+def _source(
+    intervals: pd.DataFrame | IntervalSummary, num_gpus: int, makespan: float, max_rows: int, bins: int,
+) -> tuple[Spans | None, int, list[int], Callable[[], Grid]]:
+    """(every span or None, how many, the state codes present, the binned grid on demand)
+    of a run's intervals: a frame in memory, or their one-pass summary (which has the
+    spans only when there are few, and its grid only for its own rows and bins)."""
+    if isinstance(intervals, pd.DataFrame):
+        sp = spans(intervals, makespan)
+        return sp, int(sp.start.size), [int(c) for c in np.unique(sp.state)], \
+            lambda: grid(sp, num_gpus, makespan, max_rows=max_rows, bins=bins)
+    summ = intervals
+    if summ.grid is None or summ.grid_shape != (-(-num_gpus // max(1, -(-num_gpus // max_rows))), bins):
+        raise ValueError(f"the interval summary's grid is {summ.grid_shape}, the plot needs {max_rows} rows x {bins} bins")
+    g = summ.grid
+    return summ.exact, int(summ.spans.sum()), [int(c) for c in np.flatnonzero(summ.spans)], lambda: g
+
+
 @styled
 def plot_timeline(
-    intervals: pd.DataFrame, num_gpus: int, makespan: float, *, ax: Axes | None = None,
+    intervals: pd.DataFrame | IntervalSummary, num_gpus: int, makespan: float, *, ax: Axes | None = None,
     title: str = "GPU timeline", max_rows: int = 128, bins: int = 800,
 ) -> Axes:
     """Gantt chart of GPU states. Exact rectangles for small records; for large ones each
-    row is a block of GPUs and each cell shows the state that held most of its GPU-time."""
+    row is a block of GPUs and each cell shows the state that held most of its GPU-time.
+    ``intervals``: the record's frame, or its one-pass summary (``stream.summarize_intervals``)."""
     ax = new_axes(ax, (11.0, 4.5))
     div, unit = time_unit(makespan)
-    sp = spans(intervals, makespan)
-    present = [STATE_ORDER[i] for i in np.unique(sp.state)]
-    if sp.start.size <= EXACT_TIMELINE_MAX_INTERVALS and num_gpus <= max_rows:
+    sp, n_spans, codes, binned = _source(intervals, num_gpus, makespan, max_rows, bins)
+    present = [STATE_ORDER[i] for i in codes]
+    if sp is not None and n_spans <= EXACT_TIMELINE_MAX_INTERVALS and num_gpus <= max_rows:
         for code in np.unique(sp.state):
             m = sp.state == code
             x0, x1 = sp.start[m] / div, sp.end[m] / div
@@ -75,7 +97,7 @@ def plot_timeline(
         ax.set_ylim(num_gpus, 0)
         sub = ""
     else:
-        gr = grid(sp, num_gpus, makespan, max_rows=max_rows, bins=bins)
+        gr = binned()
         dom = gr.dominant()
         ax.imshow(
             dom, cmap=STATE_CMAP, vmin=-0.5, vmax=len(STATE_ORDER) + 0.5, aspect="auto",
@@ -96,15 +118,16 @@ def plot_timeline(
 
 @styled
 def plot_utilization(
-    intervals: pd.DataFrame, num_gpus: int, makespan: float, *, ax: Axes | None = None,
+    intervals: pd.DataFrame | IntervalSummary, num_gpus: int, makespan: float, *, ax: Axes | None = None,
     title: str = "GPU use over time", bins: int = 800,
 ) -> Axes:
     """Share of the cluster in each state over time (stacked: rollout states, then the
-    trainer's, then the rest), with the busy share (generate + train) as a line."""
+    trainer's, then the rest), with the busy share (generate + train) as a line.
+    ``intervals`` as for :func:`plot_timeline`."""
     ax = new_axes(ax, (11.0, 3.8))
     div, unit = time_unit(makespan)
     # the same binning as the timeline's (cached), summed over its rows
-    gr = grid(spans(intervals, makespan), num_gpus, makespan, max_rows=128, bins=bins)
+    gr = _source(intervals, num_gpus, makespan, 128, bins)[3]()
     frac = gr.cluster_fractions()
     t = (np.arange(bins) + 0.5) * gr.dt / div
     present = [i for i in range(len(STATE_ORDER)) if frac[i].max() > 0]

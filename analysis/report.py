@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import html
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +24,7 @@ from rlsched.cluster.errors import RecordError, RlschedError
 from rlsched.cluster.record import RunRecord, read_run
 
 from . import plots
-from .breakdown import breakdown, bubbles
-from .intervals import cached
+from .breakdown import breakdown, bubbles, sandbox_windows
 from .load import load_run
 from .metrics import (
     SUMMARY_COLUMNS,
@@ -38,6 +36,7 @@ from .metrics import (
     waste_table,
 )
 from .narrative import describe
+from .stream import IntervalSummary, summarize_intervals
 from .style import png_bytes
 from .tables import CSS, SCRIPT, fmt_table, kv_table
 
@@ -85,15 +84,16 @@ def _rel(path: Path, base: Path) -> str:
         return str(path.absolute())
 
 
-def run_tables(rec: RunRecord, name: str, run_dir: str) -> dict[str, Any]:
-    """One run's contribution to every table (its rows carry ``policy = name``)."""
-    row = {**summarize(rec), "policy": name, "run_dir": run_dir}
+def run_tables(rec: RunRecord, name: str, run_dir: str, streamed: IntervalSummary | None = None) -> dict[str, Any]:
+    """One run's contribution to every table (its rows carry ``policy = name``);
+    ``streamed``: its intervals reduced in one pass (else ``rec.intervals`` is used)."""
+    row = {**summarize(rec, streamed), "policy": name, "run_dir": run_dir}
     out: dict[str, Any] = {"summary": row}
-    for key, df in (("breakdown", breakdown(rec)), ("staleness", staleness_table(rec)),
+    for key, df in (("breakdown", breakdown(rec, streamed)), ("staleness", staleness_table(rec)),
                     ("length_bias", length_bias(rec)), ("step_times", step_times(rec))):
         df["policy"] = name
         out[key] = df
-    out["bubbles"] = {**bubbles(rec), "policy": name}
+    out["bubbles"] = {**bubbles(rec, streamed), "policy": name}
     out["waste"] = {**waste_table(rec), "policy": name}
     return out
 
@@ -117,10 +117,11 @@ def compute_tables(records: Sequence[RunRecord], out_dir: Path) -> Tables:
     return _assemble([run_tables(r, i.name, i.run_dir) for r, i in zip(records, runs, strict=True)], runs)
 
 
-def _run_figures(rec: RunRecord, name: str) -> str:
+def _run_figures(rec: RunRecord, name: str, streamed: IntervalSummary | None = None) -> str:
     n, span = int(rec.meta["num_gpus"]), float(rec.meta["makespan_seconds"])
-    util = plots.plot_utilization(rec.intervals, n, span, title=f"GPU use over time: {name}")
-    gantt = plots.plot_timeline(rec.intervals, n, span, title=f"GPU timeline: {name}")
+    source = rec.intervals if streamed is None else streamed
+    util = plots.plot_utilization(source, n, span, title=f"GPU use over time: {name}")
+    gantt = plots.plot_timeline(source, n, span, title=f"GPU timeline: {name}")
     return (f"<h3>{html.escape(name)}</h3>" + _img(png_bytes(util.figure), f"utilization over time, {name}")
             + _img(png_bytes(gantt.figure), f"GPU timeline, {name}"))
 
@@ -136,21 +137,34 @@ def _release_memory() -> None:
     pa.default_memory_pool().release_unused()
 
 
+def stream_run(path: Path) -> tuple[RunRecord, IntervalSummary]:
+    """A run record without its GPU intervals in memory, and those intervals reduced in one
+    pass over ``intervals.parquet`` (:mod:`.stream`): what every table and plot needs."""
+    rec = load_run(path, intervals=False)
+    ws, we, _ = sandbox_windows(rec)
+    streamed = summarize_intervals(
+        rec.path / "intervals.parquet", int(rec.meta["num_gpus"]), float(rec.meta["makespan_seconds"]),
+        sandbox=(ws, we),
+    )
+    return rec, streamed
+
+
 def collect(run_dirs: Sequence[Path], out_dir: Path) -> tuple[Tables, dict[str, str]]:
-    """Tables and per-run figures, one run in memory at a time.
+    """Tables and per-run figures, one run at a time.
 
     Every directory's meta is read (and checked) before any heavy work, so a bad path fails
-    at once; then each record is loaded, measured, plotted and released, which keeps the
-    peak memory that of the largest run, however many policies are compared."""
+    at once; then each record's intervals are read once, row group by row group, into the
+    sums, grid and bubbles the tables and plots need (:func:`stream_run`), so the memory
+    is that of one row group and one run's small tables, however large the runs and
+    however many policies are compared."""
     heads = [read_run(d, tables=()) for d in run_dirs]
     runs = [RunInfo(n, h.path, h.meta, _rel(h.path, out_dir)) for n, h in zip(_unique_names(heads), heads, strict=True)]
     parts, figures = [], {}
     for info in runs:
-        rec = load_run(info.path)
-        with cached():
-            parts.append(run_tables(rec, info.name, info.run_dir))
-            figures[info.name] = _run_figures(rec, info.name)
-        del rec
+        rec, streamed = stream_run(info.path)
+        parts.append(run_tables(rec, info.name, info.run_dir, streamed))
+        figures[info.name] = _run_figures(rec, info.name, streamed)
+        del rec, streamed
         _release_memory()
     return _assemble(parts, runs), figures
 
@@ -183,8 +197,8 @@ def _read_trace(path: Path, load_trace: Any) -> pd.DataFrame:
 
     Small traces go through ``load_trace`` (full validation). A large Parquet trace was
     validated when the run replayed it; validating it again would double the report's
-    memory (a seed-scale trace needs ~1.6 GB to validate, ~0.7 GB to read these columns),
-    so only the needed columns are read, and a broken file is still one clear line.
+    memory (a seed-scale trace needs ~1.6 GB to validate), so only the needed columns are
+    read, ids dictionary-encoded, and a broken file is still one clear line.
     """
     if path.suffix.lower() not in (".parquet", ".pq") or path.stat().st_size <= TRACE_VALIDATE_MAX_BYTES:
         return load_trace(path)
@@ -192,7 +206,13 @@ def _read_trace(path: Path, load_trace: Any) -> pd.DataFrame:
 
     try:
         names = set(pq.read_schema(path).names)
-        df = pd.read_parquet(path, columns=[c for c in TRACE_STAT_COLUMNS if c in names])
+        cols = [c for c in TRACE_STAT_COLUMNS if c in names]
+        # ids as categoricals: a seed-scale trace has millions of rows but only thousands
+        # of distinct ids (as Python strings they took ~5 s and ~0.5 GB more to read)
+        ids = [c for c in ("task_id", "trajectory_id", "parent_trajectory_id") if c in names]
+        table = pq.read_table(path, columns=cols, read_dictionary=ids)
+        df = table.to_pandas(self_destruct=True)
+        del table
     except Exception as exc:  # pyarrow raises many types for corrupt files
         raise RecordError(f"{path}: unreadable trace ({str(exc).splitlines()[0][:120]})") from None
     missing = {"trajectory_id", "task_id", "turn", "prompt_tokens", "output_tokens", "env_seconds"} - set(df.columns)
@@ -232,10 +252,25 @@ def _trace_section(records: Sequence[RunInfo]) -> str:
     return "\n".join(parts)
 
 
+HOST_META = frozenset({"wall_seconds"})  # host time a live record's meta keeps: not on the page
+
+
+def _version() -> str:
+    """The installed rlsched's version (from its distribution: analysis does not import the
+    CLI package)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("rlsched")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def _config_section(runs: Sequence[RunInfo]) -> str:
     parts = []
     for run in runs:
-        meta = {k: v for k, v in run.meta.items() if not k.startswith("_") and k not in ("config", "cost_model")}
+        meta = {k: v for k, v in run.meta.items()
+                if not k.startswith("_") and k not in ("config", "cost_model") and k not in HOST_META}
         cfg = run.meta.get("config") if isinstance(run.meta.get("config"), dict) else {}
         cost = run.meta.get("cost_model") if isinstance(run.meta.get("cost_model"), dict) else {}
         parts.append(
@@ -250,16 +285,16 @@ def _config_section(runs: Sequence[RunInfo]) -> str:
 def render_html(t: Tables, run_figures: dict[str, str], title: str) -> str:
     s = t.summary
     body: list[str] = [f"<h1>{html.escape(title)}</h1>"]
-    body.append(
-        f"<p class='note'>{len(t.runs)} run(s); generated {html.escape(time.strftime('%Y-%m-%d %H:%M:%S'))} "
-        "by <code>rlsched report</code>. Busy = generating or training; every share is of all "
+    body.append(  # no date or host time: the page of a replay is the same file every time
+        f"<p class='note'>{len(t.runs)} run(s); made by <code>rlsched report</code> "
+        f"(rlsched {html.escape(_version())}). Busy = generating or training; every share is of all "
         "GPU-time (GPUs x makespan).</p>"
     )
     body.append("<h2>Summary</h2>")
     speed = ["policy", "steps", "sim_seconds", "lower_bound_seconds", "gap_to_bound_pct", "gpu_utilization",
              "idle_fraction", "steps_per_hour", "trained_tokens", "trained_tokens_per_gpu_hour"]
     quality = ["policy", "max_staleness", "lost_trajectories", "unfinished_trajectories", "dropped_trajectories",
-               "wasted_tokens", "saved_tokens", "complete", "driver", "num_gpus", "wall_seconds", "events_processed"]
+               "wasted_tokens", "saved_tokens", "complete", "driver", "num_gpus", "events_processed"]
     body.append(fmt_table(s[speed], digits=3))
     body.append(fmt_table(s[quality], digits=3))
     body.append("<p class='note'>Times in seconds; <code>summary.csv</code> beside this page has every column.</p>")
@@ -303,13 +338,22 @@ def render_html(t: Tables, run_figures: dict[str, str], title: str) -> str:
 
 def write_report(run_dirs: Sequence[Path], out_dir: Path, *, title: str | None = None) -> Path:
     """Read the run records, write ``out_dir/report.html`` and the CSV tables; return the
-    page's path. Any unreadable run directory is one :class:`RecordError` line."""
+    page's path. Any unreadable run directory is one :class:`RecordError` line.
+
+    Every file written is a function of the records (and the trace they name): the same
+    runs give the same bytes (no date, no host time)."""
     if not run_dirs:
         raise RecordError("no run directories given (expected one or more folders `rlsched compare/run` wrote)")
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise RecordError(f"{out_dir}: exists and is not a directory (expected the report's output folder)")
     t, figures = collect([Path(d) for d in run_dirs], out_dir)
+    return write_collected(t, figures, out_dir, title=title)
+
+
+def write_collected(t: Tables, figures: dict[str, str], out_dir: Path, *, title: str | None = None) -> Path:
+    """Write the page and CSVs of tables :func:`collect` made (``rlsched compare`` takes its
+    ``summary.csv`` from the same tables, so each record is read once)."""
     page = render_html(t, figures, title or _default_title(t))
     out_dir.mkdir(parents=True, exist_ok=True)
     csvs: dict[str, pd.DataFrame] = {

@@ -6,6 +6,13 @@ Target (issue 6): under 30 s and 2 GB peak RSS on a 2-core machine. Not a timed 
     .venv/bin/python bench/bench_report.py --runs 3           # three policies in one report
     .venv/bin/python bench/bench_report.py --trace T.parquet  # also read a trace (e.g. swe-seed)
     .venv/bin/python bench/bench_report.py --run out/x/runs/00-colocated ...   # real records
+    .venv/bin/python bench/bench_report.py --compare swe-seed.parquet   # a whole seed-scale compare
+
+``--compare TRACE`` runs the README's seed-scale four-policy ``rlsched compare`` (1024 GPUs,
+tp 4, 48 steps, 64 tasks a step) in a child process under ``/usr/bin/time -v`` and prints its
+wall time and peak RSS, the time after the last simulation (summary.csv and the report)
+and its share, and the peak RSS when the last simulation ended (the simulations' own
+peak). ``--steps`` and ``--policies`` make it smaller.
 
 Without ``--run`` it synthesises a record of realistic size with the real
 :class:`~rlsched.cluster.record.RunRecorder` (and says so): 256 engines of 4 GPUs, each
@@ -93,7 +100,7 @@ def synthesise(path: Path, *, seed: int, policy: str, trace: str = "") -> dict[s
             "num_steps": STEPS, "steps_done": STEPS, "complete": True, "makespan_seconds": t0,
             "lower_bound_seconds": 0.6 * t0, "max_staleness_bound": 0, "seed": seed, "trace": trace,
             "config": {"gpus": GPUS, "tp": TP, "steps": STEPS}, "cost_model": {"switch_s": switch_s},
-            "wall_seconds": 0.0, "events_processed": -1, "synthetic": True,
+            "events_processed": -1, "synthetic": True,
         },
     )
     return {"intervals": rec.interval_rows, "events": rec.event_rows, "trajectories": STEPS * TRAJ_PER_STEP}
@@ -109,14 +116,99 @@ def child_report(run_dirs: list[str], out: str) -> None:
     print(json.dumps({"seconds": secs, "cpu_seconds": ru.ru_utime + ru.ru_stime, "peak_rss_mb": ru.ru_maxrss / 1024}))
 
 
+COMPARE_ARGS = ("--gpus", "1024", "--tp", "4", "--tasks-per-step", "64")
+
+
+def child_compare(argv: list[str]) -> None:
+    """Run ``rlsched compare argv``, timing what follows the last simulation; print one
+    JSON line.
+
+    The simulations are timed by wrapping ``rlsched.compare.simulate`` (the name compare
+    calls), so everything after the last one -- reading the records, summary.csv, the
+    report -- counts as "after the simulations", however compare is built inside: this
+    measures the code before and after issue 27 alike."""
+    import rlsched.compare as cmp
+    from rlsched.cli import main as cli_main
+
+    inner = cmp.simulate
+    seen: dict[str, float] = {"simulate_seconds": 0.0}
+
+    def timed(*args: object, **kw: object) -> object:
+        t = time.perf_counter()
+        try:
+            return inner(*args, **kw)  # type: ignore[arg-type]
+        finally:
+            seen["simulate_seconds"] += time.perf_counter() - t
+            seen["last_simulation_end"] = time.perf_counter()
+            seen["cpu_at_last_simulation_end"] = time.process_time()
+            seen["rss_after_simulations_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    cmp.simulate = timed  # type: ignore[assignment]
+    t = time.perf_counter()
+    rc = cli_main(argv)
+    if rc:
+        sys.exit(rc)
+    end = time.perf_counter()
+    seen["cpu_seconds"] = time.process_time()
+    seen["after_simulations_cpu_seconds"] = seen["cpu_seconds"] - seen.pop("cpu_at_last_simulation_end")
+    seen["seconds"] = end - t
+    seen["after_simulations_seconds"] = end - seen.pop("last_simulation_end")
+    print(json.dumps(seen))
+
+
+def run_compare(trace: str, work: Path, steps: int, policies: str) -> None:
+    out = work / "compare"
+    argv = ["compare", "--policies", policies, "--trace", trace, *COMPARE_ARGS, "--steps", str(steps),
+            "--out", str(out), "--force"]
+    print(f"command: rlsched {' '.join(argv)}")
+    cmd = [sys.executable, __file__, "--_compare", *argv]
+    timer = ["/usr/bin/time", "-v"] if Path("/usr/bin/time").exists() else []
+    env = {**os.environ, "RLSCHED_PROGRESS_SECONDS": "600"}
+    p = subprocess.run([*timer, *cmd], capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        sys.exit(p.stderr[-3000:])
+    r = json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
+    peak = _time_v(p.stderr, "Maximum resident set size (kbytes)")
+    peak_mb = peak / 1024 if peak is not None else float("nan")
+    after = r["after_simulations_seconds"]
+    print(f"compare: {r['seconds']:.1f} s wall, of which simulations {r['simulate_seconds']:.1f} s and "
+          f"after the last simulation (summary.csv + report) {after:.1f} s = {100 * after / r['seconds']:.0f}%")
+    cpu = r["after_simulations_cpu_seconds"]
+    print(f"  CPU time (this process; steadier than wall time on a shared machine): {r['cpu_seconds']:.1f} s, "
+          f"after the last simulation {cpu:.1f} s = {100 * cpu / r['cpu_seconds']:.0f}%")
+    timing = out / "timing.csv"
+    if timing.exists():  # compare's own account (issue 27 on)
+        rows = pd.read_csv(timing)
+        rep = rows[rows["part"].isin(["report", "summary"])]["wall_seconds"].sum()
+        print(f"  timing.csv: report (summary.csv included) {rep:.1f} s = {100 * rep / r['seconds']:.0f}%")
+    print(f"peak RSS: {peak_mb:,.0f} MB (/usr/bin/time -v), {r['rss_after_simulations_mb']:,.0f} MB when the "
+          f"last simulation ended   (load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+
+
+def _time_v(stderr: str, key: str) -> float | None:
+    for line in stderr.splitlines():
+        if line.strip().startswith(key):
+            return float(line.rsplit(":", 1)[1])
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", nargs="*", default=[], help="real run record(s) to report on")
     ap.add_argument("--runs", type=int, default=1, help="synthetic runs (policies) in the report")
     ap.add_argument("--trace", default="", help="trace path to put in the synthetic meta (report reads it)")
     ap.add_argument("--out", default="", help="folder for the records and report (default: a temp dir)")
+    ap.add_argument("--compare", default="", metavar="TRACE", help="time a seed-scale compare of TRACE (see above)")
+    ap.add_argument("--steps", type=int, default=48, help="--compare: steps")
+    ap.add_argument("--policies", default="colocated,async,elastic,partial", help="--compare: policies")
     ap.add_argument("--_child", nargs="+", help=argparse.SUPPRESS)
+    if sys.argv[1:2] == ["--_compare"]:
+        child_compare(sys.argv[2:])
+        return
     a = ap.parse_args()
+    if a.compare:
+        run_compare(a.compare, Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="bench_report-")), a.steps, a.policies)
+        return
     if a._child:
         child_report(a._child[:-1], a._child[-1])
         return

@@ -1,4 +1,8 @@
-"""``rlsched report RUN_DIR [RUN_DIR...] --out DIR [--open]``: the HTML report of run records."""
+"""``rlsched report RUN_DIR [RUN_DIR...] [--out DIR] [--open]``: the HTML report of run records.
+
+Without ``--out`` the report goes next to what it describes: into ``RUN/report`` when one
+folder is given (a run directory, or a ``compare``/``run`` output folder standing for its
+runs), into ``./rlsched-report`` (in the current directory) when several are."""
 
 from __future__ import annotations
 
@@ -7,26 +11,36 @@ from typing import Annotated
 
 import typer
 
+MANY_RUNS_DEFAULT = Path("rlsched-report")
+
 
 def register(app: typer.Typer) -> None:
     app.command("report")(report_cmd)
 
 
 def report_cmd(
-    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories (written by `rlsched run` or `compare`, under runs/).", show_default=False)],
-    out: Annotated[Path, typer.Option("--out", help="Folder for report.html and the CSV tables.")],
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories (written by `rlsched run` or `compare`, under runs/), or a compare output folder for all its runs.", show_default=False)],
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Folder for report.html and the CSV tables. Default: RUN/report for one folder given, "
+                      f"./{MANY_RUNS_DEFAULT} (in the current directory) for several.",
+        show_default=False)] = None,
     title: Annotated[str | None, typer.Option("--title", help="Page title.")] = None,
     open_report: Annotated[bool, typer.Option("--open", help="Open report.html in a browser.")] = False,
 ) -> None:
     """Write DIR/report.html (self-contained: plots embedded) and summary/breakdown/bubbles/staleness CSVs."""
     from rlsched.analysis.report import write_report
 
-    path = write_report(_expand(run_dirs), out, title=title)
+    path = write_report(_expand(run_dirs), default_out(run_dirs) if out is None else out, title=title)
     typer.echo(f"report: {path}")
     if open_report:
         import webbrowser
 
         webbrowser.open(path.absolute().as_uri())
+
+
+def default_out(run_dirs: list[Path]) -> Path:
+    """Where the report goes without ``--out`` (see the module doc)."""
+    return run_dirs[0] / "report" if len(run_dirs) == 1 else MANY_RUNS_DEFAULT
 
 
 def _expand(run_dirs: list[Path]) -> list[Path]:

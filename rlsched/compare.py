@@ -5,6 +5,11 @@ is checked before the first simulation starts, and results are written to a temp
 sibling folder that is renamed into place only when complete -- so a failed compare
 never leaves a half-written output directory.
 
+Outputs are a function of the inputs: replaying the same compare gives the same bytes
+in every file (``summary.csv``, the run records, the report) except ``timing.csv``, which
+holds the host's wall-clock seconds of each simulation and of the report (one row each:
+``part, policy, run_dir, wall_seconds``).
+
 Ctrl-C is the exception, because a seed-scale replay runs for minutes and what it has
 simulated is worth keeping: the simulator stops where it is, and compare stops there too
 (the policies not yet run are not started). The runs finished so far and the interrupted
@@ -17,6 +22,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +41,7 @@ SUMMARY_COLUMNS = (
     "lost_trajectories", "lower_bound_seconds",
 )
 
+TIMING_COLUMNS = ("part", "policy", "run_dir", "wall_seconds")
 StepProgress = Callable[[str, int, int, float], None]  # (policy, steps done, steps, sim time)
 
 
@@ -92,6 +99,7 @@ def compare(
     cfg = plan.config
     workload, batches = replay_workload(plan.trace_path, cfg.steps, cfg.tasks_per_step, cfg.samples_per_task)
     tmp = prepare_out_dir(out, force)
+    timing: list[tuple[str, str, str, float]] = []  # (part, policy, run_dir, wall seconds)
     try:
         run_dirs: list[Path] = []
         stopped: tuple[int, str] | None = None  # (index of the policy stopped, what happened)
@@ -102,6 +110,7 @@ def compare(
             if progress is not None:
                 def cb(done: int, total: int, now: float, _s: str = plan.specs[i]) -> None:
                     progress(_s, done, total, now)
+            t0 = time.perf_counter()
             try:
                 outcome = simulate(
                     workload, batches, policy, plan.config, plan.cost, out_dir=rd, spec=spec,
@@ -113,6 +122,7 @@ def compare(
                 stopped = (i, f"{plan.specs[i]} was stopped while its run record was being written")
                 break
             run_dirs.append(rd)
+            timing.append(("simulate", plan.specs[i], _rel_run(rd, tmp), time.perf_counter() - t0))
             r = outcome.result
             if not r.complete:
                 stopped = (i, f"{plan.specs[i]} stopped at step {r.state.version}/{len(batches)} "
@@ -120,12 +130,21 @@ def compare(
                 break
         if stopped is not None and not run_dirs:
             raise KeyboardInterrupt
-        summary = _summary(plan, run_dirs)
-        summary.to_csv(tmp / "summary.csv", index=False)
+        t0 = time.perf_counter()
         if report and stopped is None:
-            from rlsched.analysis.report import write_report
+            from rlsched.analysis.report import collect, write_collected
 
-            write_report(run_dirs, tmp, title=f"rlsched compare: {plan.trace_path.name}")
+            # each record's intervals are read once, for the summary and the report alike
+            tables, figures = collect(run_dirs, tmp)
+            summary = _ordered(tables.summary.assign(policy=list(plan.specs[: len(run_dirs)])))
+            summary.to_csv(tmp / "summary.csv", index=False)
+            write_collected(tables, figures, tmp, title=f"rlsched compare: {plan.trace_path.name}")
+            timing.append(("report", "", "", time.perf_counter() - t0))
+        else:
+            summary = _summary(plan, run_dirs)
+            summary.to_csv(tmp / "summary.csv", index=False)
+            timing.append(("summary", "", "", time.perf_counter() - t0))
+        pd.DataFrame(timing, columns=list(TIMING_COLUMNS)).to_csv(tmp / "timing.csv", index=False)
         publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -141,17 +160,40 @@ def compare(
     return summary
 
 
+def _rel_run(rd: Path, base: Path) -> str:
+    return rd.relative_to(base).as_posix()
+
+
 def _summary(plan: ComparePlan, run_dirs: Sequence[Path]) -> pd.DataFrame:
+    return summary_rows(plan.specs, run_dirs)
+
+
+def summary_rows(specs: Sequence[str], run_dirs: Sequence[Path]) -> pd.DataFrame:
+    """summary.csv's rows for run records under ``OUT/runs/`` (``policy`` = the spec as
+    given, ``run_dir`` = ``runs/NAME``), without a report: each record's intervals are
+    summed in one pass (only the per-state seconds; its events are not read). For any
+    driver's records: the live ``rlsched run`` writes its summary.csv with it too."""
+    from rlsched.analysis.load import check_record, empty_intervals
     from rlsched.analysis.metrics import summarize
-    from rlsched.cluster.record import read_run
+    from rlsched.analysis.stream import summarize_intervals
+    from rlsched.cluster.record import RunRecord, read_run
 
     rows = []
     for i, rd in enumerate(run_dirs):
-        row = summarize(read_run(rd))
-        row["policy"] = plan.specs[i]
+        head = read_run(rd, tables=("trajectories", "steps"))
+        rec = RunRecord(head.path, head.meta, head.events, empty_intervals(), head.trajectories, head.steps)
+        check_record(rec)  # meta fields, before they are used
+        streamed = summarize_intervals(
+            rd / "intervals.parquet", int(rec.meta["num_gpus"]), float(rec.meta["makespan_seconds"]), full=False,
+        )
+        row = summarize(rec, streamed)
+        row["policy"] = specs[i]
         row["run_dir"] = str(Path("runs") / rd.name)
         rows.append(row)
-    summary = pd.DataFrame(rows)
+    return _ordered(pd.DataFrame(rows))
+
+
+def _ordered(summary: pd.DataFrame) -> pd.DataFrame:
     cols = [c for c in SUMMARY_COLUMNS if c in summary.columns]
     return summary[cols + [c for c in summary.columns if c not in cols]]
 

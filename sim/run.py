@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time as wallclock
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +44,9 @@ def simulate(
     progress: Progress | None = None,
     faults: FaultSchedule | None = None,
 ) -> SimOutcome:
-    """Replay ``batches`` under ``policy``; write a run record to ``out_dir`` if given.
+    """Replay ``batches`` under ``policy``; write a run record to ``out_dir`` if given. The
+    record holds no host time, so two replays write the same bytes; a caller that wants
+    the wall time measures it (``rlsched compare`` writes ``timing.csv``).
 
     ``faults`` (default: ``config.faults``, the ``[faults]`` table) injects failures; see
     :mod:`rlsched.cluster.faults`. The record's meta then has ``faults`` (what they cost,
@@ -57,7 +58,6 @@ def simulate(
     if schedule:
         schedule.check_gpus(config.gpus)
     recorder = RunRecorder(out_dir) if out_dir is not None else None
-    t0 = wallclock.perf_counter()
     charge = processor_charge(workload, cost) if config.processor else None
     driver = SimDriver(
         workload, batches, policy, config, cost, recorder=recorder, progress=progress, charge=charge,
@@ -102,7 +102,6 @@ def simulate(
                 "seed": config.seed,
                 "config": _config_dict(config),
                 "cost_model": cost.to_dict(),
-                "wall_seconds": wallclock.perf_counter() - t0,
                 "events_processed": result.events_processed,
                 **({"faults": result.faults, "fault_schedule": schedule.to_dict()} if schedule else {}),
                 **(meta or {}),

@@ -49,7 +49,7 @@ def test_summary_row_exact(hand):
     assert row["dropped_trajectories"] == 1
     assert row["wasted_tokens"] == 85
     assert row["saved_tokens"] == 0
-    assert row["wall_seconds"] == 0.25
+    assert "wall_seconds" not in row  # host time (a live meta has it) stays out of summary.csv
     assert row["events_processed"] == 123
 
 

@@ -119,6 +119,25 @@ def test_cli_report(runs, tmp_path, capsys):
     assert pd.read_csv(tmp_path / "cli" / "summary.csv")["policy"].tolist() == ["hand:k=2", "slow:x=1"]
 
 
+def test_cli_report_default_out(runs, tmp_path, monkeypatch, capsys):
+    import shutil as sh
+
+    one = tmp_path / "one"
+    sh.copytree(runs[0], one)
+    assert main(["report", str(one)]) == 0  # one run: RUN/report
+    assert (one / "report" / "report.html").is_file()
+    assert f"report: {one / 'report' / 'report.html'}" in capsys.readouterr().out
+    cmp = tmp_path / "cmp"
+    sh.copytree(runs[0].parent.parent / "runs", cmp / "runs")
+    assert main(["report", str(cmp)]) == 0  # one compare folder: its report/ too
+    assert pd.read_csv(cmp / "report" / "summary.csv")["policy"].tolist() == ["hand:k=2", "slow:x=1"]
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", str(one), str(cmp / "runs" / "01-slow")]) == 0  # several: ./rlsched-report
+    assert pd.read_csv(tmp_path / "rlsched-report" / "summary.csv")["policy"].tolist() == ["hand:k=2", "slow:x=1"]
+    assert main(["report", str(tmp_path / "nowhere")]) == 2  # a bad path creates no folder
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_cli_report_open_hands_the_page_to_the_browser(runs, tmp_path, monkeypatch):
     opened = []  # fake browser: records the URI instead of starting one
     monkeypatch.setattr("webbrowser.open", lambda uri: opened.append(uri) or True)
