@@ -150,6 +150,8 @@ def run_cmd(
         else:  # OUT is made (or, with --force, emptied) only once run_live has checked the config
             if out.exists() and not out.is_dir():
                 raise ConfigError(f"--out {out}: exists and is not a directory")
+            from rlsched.compare import run_dir_name
+
             run_dir = out / "runs" / run_dir_name(policy or "policy", 0)
         try:
             if resume and config is None:  # continue with the run's own settings (its checkpoint has them)
@@ -191,12 +193,6 @@ def run_cmd(
 
 
 # ----------------------------------------------------------------------------- live layout
-def run_dir_name(spec: str, index: int) -> str:
-    from rlsched.compare import run_dir_name as name
-
-    return name(spec, index)
-
-
 def prepare_live_out(out: Path, *, force: bool) -> None:
     """``--out`` for a fresh live run: absent, empty, or replaced with --force (as compare)."""
     import shutil
@@ -261,24 +257,16 @@ def finish_live(out: Path, run_dir: Path) -> None:
 
 
 def live_summary(out: Path, run_dirs: list[Path]):  # -> pd.DataFrame
-    """OUT/summary.csv for live runs: the same rows and column order as compare's
-    (``rlsched.compare``), the policy as given and the run's folder under runs/."""
-    import pandas as pd
-
-    from rlsched.analysis.metrics import summarize
+    """OUT/summary.csv for live runs: compare's rows and columns (one code path,
+    ``rlsched.compare.summary_rows``), the policy as given and the run's folder under runs/."""
     from rlsched.cluster.record import read_run
-    from rlsched.compare import SUMMARY_COLUMNS
+    from rlsched.compare import summary_rows
 
-    rows = []
+    specs = []
     for rd in run_dirs:
-        rec = read_run(rd)
-        row = summarize(rec)
-        row["policy"] = rec.meta.get("spec_as_given") or rec.meta.get("policy")
-        row["run_dir"] = str(Path("runs") / rd.name)
-        rows.append(row)
-    summary = pd.DataFrame(rows)
-    cols = [c for c in SUMMARY_COLUMNS if c in summary.columns]
-    summary = summary[cols + [c for c in summary.columns if c not in cols]]
+        meta = read_run(rd, tables=()).meta
+        specs.append(meta.get("spec_as_given") or meta.get("policy"))
+    summary = summary_rows(specs, run_dirs)
     summary.to_csv(out / "summary.csv", index=False)
     return summary
 
