@@ -56,6 +56,9 @@ class TrajectoryInfo:
     turns_done: int
     tokens: int  # context tokens so far (prompt + generated)
     min_version: int  # oldest weights version that generated any of its kept tokens (-1: none)
+    # pinned to ``engine`` (Dispatch/Move with an engine); False: the cluster places it, and
+    # ``engine`` is None while it waits in the cluster queue
+    pinned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,9 @@ class RolloutTotals:
     live: int  # trajectories running or queued on them (sum of EngineInfo.load)
     engines_with_queue: int
     kv_used: int
+    # trajectories waiting in the cluster-level queue for any engine to admit them (not
+    # part of ``live``, which counts what engines hold; see Dispatch)
+    unbound: int = 0
 
 
 @runtime_checkable
@@ -97,3 +103,4 @@ class ClusterView(Protocol):
     def interrupted(self, step: int) -> tuple[TrajectoryId, ...]: ...
     def unfinished(self, step: int) -> int: ...
     def failed_gpus(self) -> tuple[GpuId, ...]: ...
+    def cluster_queue(self) -> tuple[TrajectoryId, ...]: ...

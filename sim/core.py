@@ -128,6 +128,11 @@ class DriverCore:
             (self.iv_first, self.iv_count, self.iv_start, self.iv_end, self.iv_state,
              self.iv_step, self.iv_n) = recorder.interval_buffers()
             self.iv_cap = recorder.flush_rows
+        # vLLM's max_num_seqs: sequences an engine decodes at once (the bound's work term
+        # assumes it); turns beyond it wait, KV admitted, in seq_wait[engine] (see
+        # Lifecycle._join), which holds only engines with a non-empty wait
+        self.max_seqs = cost.max_num_seqs
+        self.seq_wait: dict[EngineSim, deque] = {}
         self.sandbox_free = config.sandbox_slots
         self.sandbox_queue: deque[SimTraj] = deque()
         self._events: deque[Event] = deque()

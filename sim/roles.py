@@ -8,8 +8,6 @@ record only when it actually changes, so the common case is one comparison.
 
 from __future__ import annotations
 
-import heapq
-
 from rlsched.cluster.events import RolesChanged
 from rlsched.cluster.ids import Drain, GpuState, Role
 from rlsched.cluster.record import ids_text
@@ -18,7 +16,6 @@ from rlsched.cluster.state import EngineState
 from .core import DriverCore
 from .engine import EngineSim
 from .gpus import CODE
-from .traj import SimTraj
 from .turns import engine_touch
 
 
@@ -27,12 +24,9 @@ class Roles(DriverCore):
 
     # ------------------------------------------------------------- routing
     def _dispatch_all(self, tids: tuple[str, ...], e: int | None) -> None:
-        """``Dispatch``: to engine ``e``, or each to the least-loaded engine at the time.
-
-        Least-loaded is (running + queued, engine id), as ``ClusterState.least_loaded``;
-        during one Dispatch only the engine just dispatched to changes load, so a heap of
-        (load, id) gives the same choices in O(log engines) each.
-        """
+        """``Dispatch``: pinned to engine ``e``, or (None) into the cluster queue, which
+        is then placed: each on the least-loaded engine (running + queued, engine id) on
+        which it fits (see ``Lifecycle._place_all``)."""
         trajs = self.trajs
         if e is not None:
             eng = self.engines[e]
@@ -41,16 +35,11 @@ class Roles(DriverCore):
             return
         if not tids:
             return
-        heap = [(load, e) for e, load in self.state.engine_loads()]
-        if not heap:
+        if not self.state.engines():
             self.state.least_loaded()  # raises the PolicyError for "no rollout engine"
-        heapq.heapify(heap)
-        engines = self.engines
         for tid in tids:
-            eng = engines[heap[0][1]]
-            self._dispatch(trajs[tid], eng)
-            es = eng.es
-            heapq.heapreplace(heap, (es.load, eng.id))
+            self._dispatch_unbound(trajs[tid])
+        self._place_all()
 
     # -------------------------------------------------------------- roles
     def _reassign(self, gpus: tuple[int, ...], role: Role, drain: Drain) -> None:
@@ -94,13 +83,30 @@ class Roles(DriverCore):
         if drain is not Drain.INTERRUPT and not others and (es.running or es.queue):
             drain = Drain.INTERRUPT  # nowhere to migrate to: keep progress, stop here
         trajs = self.trajs
-        for tid in list(es.queue) + sorted(es.running):
-            t: SimTraj = trajs[tid]
-            if drain is Drain.INTERRUPT:
-                self._interrupt(t, keep=True)
-            elif drain is Drain.MIGRATE or tid in es.queue or t.in_env:
-                self._move_out(t, eng)
+        if not others:
+            self._strand_unbound()
+        members = list(es.queue) + sorted(es.running)
+        if drain is Drain.INTERRUPT:
+            for tid in members:
+                self._interrupt(trajs[tid], keep=True)
+        else:
+            # to the cluster queue's head, keeping their order there
+            queued = set(es.queue)
+            moving = [tid for tid in members
+                      if drain is Drain.MIGRATE or tid in queued or trajs[tid].in_env]
+            for tid in reversed(moving):
+                self._move(trajs[tid], eng, None)
+            if moving:
+                self._place_all()
         self._maybe_close_engine(eng)
+
+    def _strand_unbound(self) -> None:
+        """No active rollout engine is left: the cluster queue's trajectories stop, their
+        finished turns kept (as those on a drained engine's queue), for the policy to
+        dispatch again once engines are back."""
+        st = self.state
+        while st.unbound:
+            self._interrupt(self.trajs[st.unbound[0]], keep=True)
 
     def _maybe_close_engine(self, eng: EngineSim) -> None:
         es = eng.es
@@ -206,7 +212,7 @@ class Roles(DriverCore):
         eng.gstate = GpuState(self.gpus.state_of(gpus[0]))
         eng.gcode = CODE[eng.gstate]
         self.engines[e] = eng
-        self._engine_touch(eng)
+        self._admit(eng)  # (takes work waiting in the cluster queue; reports EngineIdle else)
 
     # ---------------------------------------------------------- GPU state
     def _engine_touch(self, eng: EngineSim) -> None:

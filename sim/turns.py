@@ -57,6 +57,8 @@ def wake_timer(d: Any, ev: Any) -> None:
         for t in eng.pop_due(now):
             turn_done(d, t, eng)
         if not eng.closed:
+            if d.seq_wait and eng in d.seq_wait:  # (turns waiting for a max_num_seqs slot)
+                d._resume_seq(eng)
             eng.rearm(now)
             if not (eng.members and eng.gstate is _GENERATE and eng.sync_end <= now):
                 engine_touch(d, eng)
@@ -172,10 +174,14 @@ def env_timer(d: Any, ev: Any) -> None:
                 t.moved_at = -1.0
                 t.mid_turn = True
                 t.turn_version = eng.version
-                eng.join(now, t, cached, new, o - t.turn_progress)
-                if eng.gstate is not _GENERATE or eng.sync_end > now:
+                if len(eng.members) < d.max_seqs:
+                    eng.join(now, t, cached, new, o - t.turn_progress)
+                    if eng.gstate is not _GENERATE or eng.sync_end > now:
+                        engine_touch(d, eng)
+                    eng.rearm(now)
+                else:
+                    d._wait_seq(t, eng, new, cached)
                     engine_touch(d, eng)
-                eng.rearm(now)
             elif not d._start_turn(t, eng):  # (a join already updated the GPU state)
                 engine_touch(d, eng)
     if d._events:
