@@ -139,10 +139,13 @@ class Roles(DriverCore):
         # command's GPUs, not only this engine's.
         grp = self._switch_groups.get(gid)
         seconds = self.cost.switch_seconds(role.value, len(grp[1]) if grp else len(gpus))
-        self._later(seconds, self._end_switch, gpus, (gid, role))
+        # (the weights an engine will serve are loaded as its switch starts: the trainer's
+        # version now, even if a newer one is published before the switch ends -- as on a
+        # real cluster, and as sim/bound.py's refresh term assumes)
+        self._later(seconds, self._end_switch, gpus, (gid, role, st.version))
 
-    def _end_switch(self, gpus: tuple[int, ...], group: tuple[int, Role]) -> None:
-        gid, role = group
+    def _end_switch(self, gpus: tuple[int, ...], group: tuple[int, Role, int]) -> None:
+        gid, role, version = group
         st = self.state
         now = self.now
         switch_gid = self._switch_gid
@@ -159,7 +162,7 @@ class Roles(DriverCore):
                 # during the switch and recovered may since have been sent to train)
                 if all(st.roles[x] is Role.ROLLOUT or self._switching_to(x) is Role.ROLLOUT
                        for x in st.engine_gpus(e)):
-                    self._open_engine(e)
+                    self._open_engine(e, version)
                 else:  # a GPU of the engine failed during the switch: no engine, these idle
                     self._orphaned(tuple(g for g in gpus if st.engine_of(g) == e), gid)
         elif role is Role.TRAIN:
@@ -193,14 +196,15 @@ class Roles(DriverCore):
         if grp is not None:
             grp[1] = tuple(x for x in grp[1] if x not in gpus)
 
-    def _open_engine(self, e: int) -> None:
+    def _open_engine(self, e: int, v: int) -> None:
+        """Engine ``e``'s GPUs finished switching to rollout: it opens with weights ``v``
+        (the trainer's version when the switch started)."""
         if e in self.engines:
             # Called once per GPU of the engine whose switch ends (all at one instant): the
             # first call opens it; later ones keep it. (Replacing it would drop trajectories
             # a policy dispatched to it in between, e.g. on its EngineIdle.)
             return
         gpus = self.state.engine_gpus(e)
-        v = self.state.version
         es = EngineState(e, gpus, v, self.kv_capacity)
         self.state.add_engine(es)
         eng = EngineSim(e, gpus[0], self.cfg.tp, self.cost, self.kv_capacity, version=v, es=es)
