@@ -37,6 +37,16 @@ Definitions (the report and summary.csv use exactly these):
   calls added (cut at ``tool_timeout_s``). The time a fault costs the run as a whole is
   the difference in ``sim_seconds`` against the same run without faults
   (``bench/bench_faults.py`` prints it).
+* **gap to the bound by cause** (seconds; ``gap_seconds`` = ``sim_seconds`` -
+  ``lower_bound_seconds``). Every GPU is in exactly one state at every instant, so
+  ``sim_seconds`` = (GPU-seconds in all states) / ``num_gpus``, and the gap splits exactly
+  into GPU-seconds per GPU lost to: ``gap_tail_s`` (rollout GPUs holding no generating
+  sequence -- ``tool_wait``, ``rollout_idle`` -- and unassigned ``idle`` GPUs: the long tail
+  and waiting for work), ``gap_trainer_wait_s`` (``train_idle``: trainer GPUs with nothing
+  to train), ``gap_switch_s`` (``switch``), ``gap_sync_s`` (``sync``) and ``gap_other_s``
+  = the rest: busy (and failed) GPU-seconds per GPU minus the bound -- decode at batches
+  below ``max_num_seqs``, repeated prefill, the trainer at its width; negative when the
+  bound is set by the critical path rather than the work. NaN without a bound.
 """
 
 from __future__ import annotations
@@ -62,7 +72,15 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "unfinished_trajectories", "complete", "driver", "num_gpus",
     "faults", "retried_trajectories", "fault_wasted_tokens", "fault_gpu_seconds_lost",
     "failed_gpu_seconds", "fault_tool_seconds_lost",
+    "gap_seconds", "gap_tail_s", "gap_trainer_wait_s", "gap_switch_s", "gap_sync_s", "gap_other_s",
 )
+# the causes of the gap to the bound (see the module doc), by GpuState
+GAP_CAUSES: dict[str, tuple[str, ...]] = {
+    "gap_tail_s": (GpuState.TOOL_WAIT.value, GpuState.ROLLOUT_IDLE.value, GpuState.IDLE.value),
+    "gap_trainer_wait_s": (GpuState.TRAIN_IDLE.value,),
+    "gap_switch_s": (GpuState.SWITCH.value,),
+    "gap_sync_s": (GpuState.SYNC.value,),
+}
 BUSY = (GpuState.GENERATE.value, GpuState.TRAIN.value)
 NO_WORK = (GpuState.ROLLOUT_IDLE.value, GpuState.TRAIN_IDLE.value, GpuState.IDLE.value)
 _TERMINAL = (TrajStatus.TRAINED.value, TrajStatus.DROPPED.value)
@@ -165,8 +183,20 @@ def summarize(record: RunRecord) -> dict[str, Any]:
         "driver": str(meta.get("driver", "")),
         "num_gpus": gpus,
         **fault_columns(meta),
+        **gap_columns(secs, gpus, span, lb),
     }
     return row
+
+
+def gap_columns(secs: pd.Series, gpus: int, span: float, lb: float) -> dict[str, float]:
+    """The gap to the bound split by cause (see the module doc); NaN without a bound."""
+    if not (lb > 0 and gpus > 0):
+        return {"gap_seconds": math.nan, **dict.fromkeys(GAP_CAUSES, math.nan), "gap_other_s": math.nan}
+    out = {"gap_seconds": span - lb}
+    for col, states in GAP_CAUSES.items():
+        out[col] = float(secs[list(states)].sum()) / gpus
+    out["gap_other_s"] = out["gap_seconds"] - sum(out[c] for c in GAP_CAUSES)
+    return out
 
 
 def fault_columns(meta: dict[str, Any]) -> dict[str, Any]:
