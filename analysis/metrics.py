@@ -38,15 +38,15 @@ Definitions (the report and summary.csv use exactly these):
   the difference in ``sim_seconds`` against the same run without faults
   (``bench/bench_faults.py`` prints it).
 * **gap to the bound by cause** (seconds; ``gap_seconds`` = ``sim_seconds`` -
-  ``lower_bound_seconds``). Every GPU is in exactly one state at every instant, so
-  ``sim_seconds`` = (GPU-seconds in all states) / ``num_gpus``, and the gap splits exactly
-  into GPU-seconds per GPU lost to: ``gap_tail_s`` (rollout GPUs holding no generating
-  sequence -- ``tool_wait``, ``rollout_idle`` -- and unassigned ``idle`` GPUs: the long tail
-  and waiting for work), ``gap_trainer_wait_s`` (``train_idle``: trainer GPUs with nothing
-  to train), ``gap_switch_s`` (``switch``), ``gap_sync_s`` (``sync``) and ``gap_other_s``
-  = the rest: busy (and failed) GPU-seconds per GPU minus the bound -- decode at batches
-  below ``max_num_seqs``, repeated prefill, the trainer at its width; negative when the
-  bound is set by the critical path rather than the work. NaN without a bound.
+  ``lower_bound_seconds``), attributed in proportion to the GPU-time each cause lost
+  (GPU-seconds per GPU): ``gap_tail_s`` (rollout GPUs holding no generating sequence --
+  ``tool_wait``, ``rollout_idle`` -- and unassigned ``idle`` GPUs: the long tail and
+  waiting for work), ``gap_trainer_wait_s`` (``train_idle``: trainer GPUs with nothing to
+  train), ``gap_switch_s`` (``switch``), ``gap_sync_s`` (``sync``) and ``gap_other_s``
+  (busy and failed GPU-seconds per GPU beyond the whole bound: decode at batches below
+  ``max_num_seqs``, repeated prefill, faults; 0 when the bound is the critical path). The
+  five sum to ``gap_seconds``. The GPU-time lost per cause without the attribution is
+  ``state_seconds`` (the report's breakdown). NaN without a bound.
 """
 
 from __future__ import annotations
@@ -192,11 +192,13 @@ def gap_columns(secs: pd.Series, gpus: int, span: float, lb: float) -> dict[str,
     """The gap to the bound split by cause (see the module doc); NaN without a bound."""
     if not (lb > 0 and gpus > 0):
         return {"gap_seconds": math.nan, **dict.fromkeys(GAP_CAUSES, math.nan), "gap_other_s": math.nan}
-    out = {"gap_seconds": span - lb}
-    for col, states in GAP_CAUSES.items():
-        out[col] = float(secs[list(states)].sum()) / gpus
-    out["gap_other_s"] = out["gap_seconds"] - sum(out[c] for c in GAP_CAUSES)
-    return out
+    gap = span - lb
+    lost = {col: float(secs[list(states)].sum()) / gpus for col, states in GAP_CAUSES.items()}
+    accounted = sum(lost.values())
+    lost["gap_other_s"] = max(0.0, span - accounted - lb)  # (busy + failed per GPU, beyond lb)
+    total = sum(lost.values())
+    share = gap / total if total > 0 else 0.0
+    return {"gap_seconds": gap, **{col: v * share for col, v in lost.items()}}
 
 
 def fault_columns(meta: dict[str, Any]) -> dict[str, Any]:

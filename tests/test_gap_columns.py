@@ -26,8 +26,6 @@ def test_the_gap_splits_exactly_into_its_causes(tmp_path, spec):
     assert {"gap_seconds", *CAUSES} <= set(SUMMARY_COLUMNS)
     assert row["gap_seconds"] == pytest.approx(out.result.makespan - out.lower_bound_seconds)
     assert sum(row[c] for c in CAUSES) == pytest.approx(row["gap_seconds"], rel=1e-9, abs=1e-9)
-    for c in GAP_CAUSES:
-        assert row[c] >= 0.0
-    # the waiting causes are GPU-seconds per GPU: together at most the whole run
-    assert sum(row[c] for c in GAP_CAUSES) <= row["sim_seconds"] + 1e-9
+    for c in CAUSES:
+        assert 0.0 <= row[c] <= row["gap_seconds"] + 1e-9
     assert not any(math.isnan(row[c]) for c in CAUSES)
