@@ -77,18 +77,22 @@ class Lifecycle(DriverCore):
         st.enqueue_unbound(t.tid)
 
     def _need(self, t: SimTraj) -> int:
-        """KV tokens ``t``'s next turn reserves: its context, the turn's prompt and output."""
+        """KV tokens ``t``'s next turn holds at its end: context, the turn's prompt and
+        output (a turn that cannot fit an empty engine times out)."""
         row = t.first + t.ts.turns_done
         return t.ctx + self.w_prompt[row] + self.w_output[row]
 
-    @staticmethod
-    def _fits(eng: EngineSim, need: int) -> bool:
-        """``need`` KV tokens fit on ``eng`` now, evicting idle contexts if need be."""
-        free = eng.kv_capacity - eng.kv_reserved
-        if need <= free:
-            return True
-        res = eng.reservations
-        return need <= free + sum(res.get(k, 0) for k in eng.env_lru)
+    def _prompt_need(self, t: SimTraj) -> int:
+        """KV tokens admission reserves for ``t``'s next turn: its context, the turn's
+        prompt and what it generated of the turn before it left an engine (the tokens it
+        generates are counted as they grow: ``EngineSim.used``)."""
+        return t.ctx + self.w_prompt[t.first + t.ts.turns_done] + t.turn_progress
+
+    def _fits(self, eng: EngineSim, need: int) -> bool:
+        """``need`` KV tokens fit in ``eng``'s free KV now. (The cluster queue is placed
+        into free room only: evicting other trajectories' idle contexts to place it would
+        send them, on return, to the queue in turn -- a cascade of re-prefills.)"""
+        return need <= eng.free(self.now)
 
     def _admit(self, eng: EngineSim) -> None:
         """Start queued trajectories while the engine's KV cache has room: its own queue
@@ -98,12 +102,11 @@ class Lifecycle(DriverCore):
         trajs = self.trajs
         while queue and not es.draining:
             t = trajs[queue[0]]
-            need = self._need(t)
-            if need > eng.kv_capacity:
+            if self._need(t) > eng.kv_capacity:
                 es.dequeue(admit=False)
                 self._finish(t, _TIMED_OUT, eng.id, note="context exceeds KV capacity")
                 continue
-            if not eng.reserve(t, need):
+            if not eng.reserve(t, self._prompt_need(t), self.now):
                 break
             if eng.evicted:
                 self._drain_evictions(eng)
@@ -114,10 +117,10 @@ class Lifecycle(DriverCore):
         if unbound and not queue and not es.draining and not eng.closed:
             while unbound:
                 t = trajs[unbound[0]]
-                need = self._need(t)
-                if need > eng.kv_capacity:
+                if self._need(t) > eng.kv_capacity:
                     self._too_long(t)
                     continue
+                need = self._prompt_need(t)
                 if not self._fits(eng, need):
                     break
                 self._admit_unbound(t, eng, need)
@@ -131,7 +134,7 @@ class Lifecycle(DriverCore):
 
     def _admit_unbound(self, t: SimTraj, eng: EngineSim, need: int) -> None:
         """Admit the cluster queue's head ``t`` on ``eng`` (where it fits) and start its turn."""
-        eng.reserve(t, need)
+        eng.reserve(t, need, self.now)
         if eng.evicted:
             self._drain_evictions(eng)
         st = self.state
@@ -156,10 +159,10 @@ class Lifecycle(DriverCore):
         trajs = self.trajs
         while unbound and heap:
             t = trajs[unbound[0]]
-            need = self._need(t)
-            if need > self.kv_capacity:
+            if self._need(t) > self.kv_capacity:
                 self._too_long(t)
                 continue
+            need = self._prompt_need(t)
             eng = engines[heap[0][1]]
             if not self._fits(eng, need):
                 eng = None
@@ -330,6 +333,50 @@ class Lifecycle(DriverCore):
         self.state.enqueue_unbound(t.tid, front=True)
         self._engine_touch(eng)
         self._place_all()
+
+    def _relieve(self, eng: EngineSim) -> None:
+        """The turns ``eng`` decodes have filled its KV: as vLLM, free cached idle
+        contexts (oldest first), then preempt the most recently admitted sequences --
+        waiting for a decode slot first, then decoding -- until the rest fit."""
+        now = self.now
+        lru = eng.env_lru
+        requeued = False
+        while eng.overflowing(now):
+            if lru:
+                eng.evict(next(iter(lru)))
+                continue
+            wait = self.seq_wait.get(eng)
+            if wait:
+                t = wait[-1][0]
+            elif eng.members:
+                t = next(reversed(eng.members))
+            else:
+                break
+            requeued = self._preempt(t, eng) or requeued
+        if eng.evicted:
+            self._drain_evictions(eng)
+        self._engine_touch(eng)
+        if requeued:
+            self._place_all()
+
+    def _preempt(self, t: SimTraj, eng: EngineSim) -> bool:
+        """Recompute-preemption: ``t`` leaves ``eng`` keeping the tokens it generated, its
+        KV freed; it waits at the head of its engine's queue (pinned) or of the cluster
+        queue (True), and its context is prefilled again where it is admitted next."""
+        ts = t.ts
+        self._detach(t, eng)
+        t.kv_cached = False
+        t.moved_at = -1.0
+        ts.status = _QUEUED
+        if self.rec is not None:
+            self.rec.event(self.now, "Preempt", engine=eng.id, trajectory=t.tid,
+                           detail=f"{t.ctx + t.turn_progress} tokens")
+        if ts.pinned:
+            eng.es.enqueue(t.tid, front=True)
+            return False
+        self.state.enqueue_unbound(t.tid, front=True)
+        ts.engine = None
+        return True
 
     def _release_sandbox(self, t: SimTraj) -> None:
         if t.waiting_sandbox:

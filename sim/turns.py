@@ -59,6 +59,8 @@ def wake_timer(d: Any, ev: Any) -> None:
         if not eng.closed:
             if d.seq_wait and eng in d.seq_wait:  # (turns waiting for a max_num_seqs slot)
                 d._resume_seq(eng)
+            if eng.members and eng.overflowing(now):  # (generated tokens filled the KV)
+                d._relieve(eng)
             eng.rearm(now)
             if not (eng.members and eng.gstate is _GENERATE and eng.sync_end <= now):
                 engine_touch(d, eng)
@@ -81,6 +83,7 @@ def turn_done(d: Any, t: SimTraj, eng: EngineSim) -> None:
     t.turn_progress = 0
     ts.turns_done = i + 1
     ts.tokens = t.ctx
+    eng.grow(t, t.ctx)  # (its context, generated tokens included, is now its reservation)
     v0 = t.turn_version
     if ts.min_version < 0 or v0 < ts.min_version:
         ts.min_version = v0
@@ -161,7 +164,7 @@ def env_timer(d: Any, ev: Any) -> None:
             eng.release(t)
             d._finish(t, _TIMED_OUT, eng.id, note="context exceeds KV capacity")
             d._admit(eng)
-        elif not eng.reserve(t, need):
+        elif not eng.reserve(t, t.ctx + p, now):
             d._wait_for_kv(t, eng)
         else:
             if eng.evicted:

@@ -22,6 +22,7 @@ from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import PolicyError
 from rlsched.cluster.events import Event, RolesChanged, TimerFired, TrajectoryFinished
 from rlsched.cluster.ids import Role, TrajStatus
+from rlsched.cluster.record import read_run
 from rlsched.cluster.state import ClusterState, EngineState
 from rlsched.cluster.view import ClusterView
 from rlsched.sim.run import simulate
@@ -133,16 +134,34 @@ def test_move_to_the_cluster_queue_lets_the_cluster_place_it():
     assert out.result.trajs["A"].generated == 10
 
 
-def test_unpinned_work_waits_in_the_cluster_queue():
-    # one engine whose KV holds one trajectory's turn (20 tokens) but not two
+def test_a_full_engine_preempts_its_newest_sequence_and_requeues_it():
+    # One engine holding 30 tokens of KV. A and B (10 prompt + 10 output tokens each) are
+    # both admitted (admission reserves the prompt, as vLLM allocates prompt blocks); their
+    # generated tokens fill the engine at 5 tokens each (t=6): B, the most recently
+    # admitted, is preempted (recompute), keeps its 5 tokens and goes back to the head of
+    # the cluster queue; A finishes at 11, B is readmitted, re-prefills its 15 tokens
+    # (free here) and generates its last 5 tokens by 16.
     cost = KV30
     assert cost.kv_capacity_tokens(1) == 30
     pol = Scripted(lambda ev, v: [Dispatch(("A", "B"))] if _opened(ev) else [], engines=1)
     out = _run(TWO, ["A", "B"], pol, cost=cost)
-    assert out.result.state.trajs["B"].status is TrajStatus.TRAINED
-    # B was admitted only when A finished (A: 10 decode steps from t=1)
     assert pol.finished["A"] == pytest.approx(11.0, **APPROX)
-    assert pol.finished["B"] == pytest.approx(21.0, **APPROX)
+    assert pol.finished["B"] == pytest.approx(16.0, **APPROX)
+    b = out.result.trajs["B"]
+    assert b.generated == 10 and b.wasted == 0  # (nothing generated is lost)
+    assert out.result.state.trajs["B"].status is TrajStatus.TRAINED
+
+
+def test_a_pinned_sequence_preempted_waits_at_its_engines_head(tmp_path):
+    pol = Scripted(lambda ev, v: [Dispatch(("A", "B"), 0)] if _opened(ev) else [], engines=1)
+    w = Workload.from_frame(TWO)
+    simulate(w, [[("A", "A"), ("B", "B")]], pol, RunConfig(gpus=2, tp=1, steps=1, check=True),
+             KV30, spec="scripted", out_dir=tmp_path / "run")
+    assert pol.finished == pytest.approx({"A": 11.0, "B": 16.0}, **APPROX)
+    ev = read_run(tmp_path / "run").events
+    pre = ev[ev.kind == "Preempt"]
+    assert list(pre.trajectory) == ["B"] and list(pre.engine) == [0]
+    assert list(pre.time) == pytest.approx([6.0], **APPROX)
 
 
 def test_the_cluster_queue_is_visible_while_it_waits():
@@ -151,7 +170,7 @@ def test_the_cluster_queue_is_visible_while_it_waits():
 
     def script(ev, v):
         if _opened(ev):
-            return [Dispatch(("A", "B")), SetTimer(5.0, "look")]
+            return [Dispatch(("A", "B")), SetTimer(8.0, "look")]  # (B preempted at 6)
         if isinstance(ev, TimerFired):
             seen["queue"] = v.cluster_queue()
             seen["B"] = v.trajectory("B")
@@ -169,10 +188,11 @@ def test_the_cluster_queue_is_visible_while_it_waits():
 
 def test_late_binding_uses_an_engine_pinning_would_leave_idle():
     cost = KV30
-    # both pinned to engine 0: B waits for A although engine 1 is free
+    # both pinned to engine 0: B is preempted there at 6 and waits for A although engine 1
+    # is free
     pinned = Scripted(lambda ev, v: [Dispatch(("A", "B"), 0)] if _opened(ev) else [])
     _run(TWO, ["A", "B"], pinned, gpus=2, cost=cost)
-    assert pinned.finished["B"] == pytest.approx(21.0, **APPROX)
+    assert pinned.finished["B"] == pytest.approx(16.0, **APPROX)
     # unpinned: A on engine 0, B on engine 1, side by side
     free = Scripted(lambda ev, v: [Dispatch(("A", "B"))] if _opened(ev) else [])
     _run(TWO, ["A", "B"], free, gpus=2, cost=cost)
