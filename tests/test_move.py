@@ -278,3 +278,12 @@ def test_legal_moves_pass():
         st.check(cmd)
     assert st.cluster_queue() == ("B",)
     assert st.rollout_totals().unbound == 1
+
+
+def test_the_live_driver_refuses_move_in_one_line():
+    from rlsched.real.live_driver import LiveDriver
+
+    driver = object.__new__(LiveDriver)  # (_apply of Move touches no driver state)
+    with pytest.raises(PolicyError, match=r"^Move: the live driver cannot move trajectories") as err:
+        driver._apply(Move(("A",), 0))
+    assert "\n" not in str(err.value)
