@@ -425,6 +425,13 @@ class ClusterState:
                                  f"{got} != scan {want}")
         if t.active != scan.active or t.ids not in (None, tuple(scan.active)):
             raise InvariantViolation(f"t={self._now:.3f}: engine ids {t.active} / {t.ids} != scan {scan.active}")
+        for tid in self.unbound:
+            ts = self.trajs[tid]
+            if ts.status is not TrajStatus.QUEUED or ts.engine is not None or ts.pinned:
+                raise InvariantViolation(f"t={self._now:.3f}: {tid!r} waits in the cluster queue but is "
+                                         f"{ts.status} on engine {ts.engine} (pinned={ts.pinned})")
+        if len(set(self.unbound)) != len(self.unbound):
+            raise InvariantViolation(f"t={self._now:.3f}: a trajectory is twice in the cluster queue")
 
     def least_loaded(self) -> EngineId:
         """The active engine with the least load (running + queued), lowest id first."""

@@ -25,6 +25,7 @@ import numpy as np
 import simpy
 
 from rlsched.cluster.config import RunConfig
+from rlsched.cluster.errors import InvariantViolation
 from rlsched.cluster.events import Event
 from rlsched.cluster.faults import FaultSchedule
 from rlsched.cluster.policy import Policy
@@ -159,6 +160,21 @@ class DriverCore:
     def kv_pool_total(self) -> int:
         return self.kv_pool.total
 
+    def _check_kv(self) -> None:
+        """(--check) No engine holds more KV than it has: reservations plus the tokens its
+        decoding turns generated (computed without advancing the engine)."""
+        now = self.now
+        for eng in self.engines.values():
+            b = len(eng.members)
+            p = eng.progress
+            start = eng.updated if eng.updated > eng.stall_end else eng.stall_end
+            if b and now > start:
+                p += (now - start) * eng.rate
+            used = eng.kv_reserved + (b * p - eng.grow_base if b else 0.0)
+            if used > eng.kv_capacity * (1 + 1e-6) + 1e-6:
+                raise InvariantViolation(f"t={now:.3f}: engine {eng.id} holds {used:.1f} KV tokens, "
+                                         f"over its capacity {eng.kv_capacity}")
+
     # ---------------------------------------------------------------- loop
     def _run_until(self, until: simpy.Event) -> None:
         """``env.run(until=until)``, stepping SimPy's queue here: the same events in the
@@ -249,6 +265,7 @@ class DriverCore:
                 self.events_processed += 1
                 if check_totals:  # (--check: the O(1) engine sums policies read are right)
                     st.check_totals()
+                    self._check_kv()
                 self._record_event(ev)
                 for cmd in policy.on_event(ev, st):
                     check(cmd)
