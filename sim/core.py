@@ -170,7 +170,7 @@ class DriverCore:
             start = eng.updated if eng.updated > eng.stall_end else eng.stall_end
             if b and now > start:
                 p += (now - start) * eng.rate
-            used = eng.kv_reserved + (b * p - eng.grow_base if b else 0.0)
+            used = eng.kv_reserved - eng.unborn - (eng.target_sum - b * p if b else 0.0)
             if used > eng.kv_capacity * (1 + 1e-6) + 1e-6:
                 raise InvariantViolation(f"t={now:.3f}: engine {eng.id} holds {used:.1f} KV tokens, "
                                          f"over its capacity {eng.kv_capacity}")

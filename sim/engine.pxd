@@ -14,7 +14,7 @@ cdef class KvPool:
 @cython.final
 cdef class EngineSim:
     cdef public double progress, updated, rate, stall_end, sync_end, wake_at, timer_at, gsince
-    cdef public double ctx_base, grow_base
+    cdef public double ctx_base, target_sum, unborn
     cdef public double _weights, _kv_tok, _mem_den, _params2, _comp_den, _overhead, _pre_attn
     cdef public double _pre_den
     cdef public long long kv_reserved, kv_capacity, seq_counter
@@ -50,11 +50,7 @@ cdef class EngineSim:
 
     cpdef bint overflowing(self, double now)
 
-    @cython.locals(b=Py_ssize_t)
     cpdef double free(self, double now)
 
     @cython.locals(have=cython.longlong, need=cython.longlong, room=double, freed=cython.longlong)
-    cpdef bint reserve(self, object key, long long tokens, double now)
-
-    @cython.locals(need=cython.longlong)
-    cpdef grow(self, object key, long long tokens)
+    cpdef bint reserve(self, object key, long long tokens, long long pending, double now)

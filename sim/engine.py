@@ -59,9 +59,9 @@ class EngineSim:
     __slots__ = (
         "_comp_den", "_kv_tok", "_mem_den", "_overhead", "_params2", "_pre_attn", "_pre_den",
         "_weights", "callbacks", "closed", "cost", "counted", "ctx_base", "eid", "env_lru", "es",
-        "evicted", "first_gpu", "gcode", "grow_base", "gsince", "gstate", "heap", "id", "kv_capacity", "kv_reserved",
+        "evicted", "first_gpu", "gcode", "gsince", "gstate", "heap", "id", "kv_capacity", "kv_reserved",
         "members", "owns", "pool", "progress", "queue", "rate", "reservations", "seq_counter",
-        "stall_end", "sync_end", "timer_at", "tp", "updated", "version", "wake_at",
+        "stall_end", "sync_end", "target_sum", "timer_at", "tp", "unborn", "updated", "version", "wake_at",
         "wake_callbacks",
     )
 
@@ -98,10 +98,11 @@ class EngineSim:
         self.evicted: list[Any] = []  # drained by the driver after reserve()
         self.wake_at = _INF
         self.seq_counter = 0
-        # sum over members of the progress at which they joined: the tokens they have
-        # generated this turn (KV beyond their reservations) are len(members) * progress -
-        # grow_base (see used)
-        self.grow_base = 0.0
+        # Reservations hold whole turns (context, prompt and output); of those, the tokens
+        # not generated yet are ``unborn`` (admitted turns not decoding yet) plus, for the
+        # members, target_sum - len(members) * progress (see used)
+        self.unborn = 0.0
+        self.target_sum = 0.0
         self.closed = False
         # the engine is the SimPy event of its own wake-up timer when none is pending
         self.callbacks: tuple | None = None
@@ -165,8 +166,9 @@ class EngineSim:
         target = p + tokens
         base = (cached + new) - p
         members = self.members
-        members[key] = (target, base, p)
-        self.grow_base += p
+        members[key] = (target, base)
+        self.unborn -= tokens
+        self.target_sum += target
         self.ctx_base += base
         heappush(self.heap, (target, seq, key, base))
         b = len(members)
@@ -178,8 +180,8 @@ class EngineSim:
         """Remove a member early (interrupt, migration). ``tokens`` is what it joined to
         produce; return how many of them it has produced (whole tokens)."""
         self.advance(now)
-        target, base, joined = self.members.pop(key)
-        self.grow_base = self.grow_base - joined if self.members else 0.0
+        target, base = self.members.pop(key)
+        self.target_sum = self.target_sum - target if self.members else 0.0
         heap = self.heap
         i = next(j for j, entry in enumerate(heap) if entry[2] is key)
         last = heap.pop()
@@ -208,14 +210,15 @@ class EngineSim:
             if target > progress + 1e-9 * (1.0 + target):
                 break
             heappop(heap)
-            self.grow_base -= members.pop(key)[2]
+            del members[key]
+            self.target_sum -= target
             self.ctx_base -= base
             due.append(key)
         if due:
             b = len(members)
             if b == 0:
                 self.rate = 0.0
-                self.grow_base = 0.0
+                self.target_sum = 0.0
             else:
                 mem = (self._weights + self._kv_tok * (self.ctx_base + b * progress)) / self._mem_den
                 comp = self._params2 * b / self._comp_den
@@ -237,7 +240,7 @@ class EngineSim:
         remaining = heap[0][0] - self.progress
         # (or when the members' growing KV fills the engine: see used, overflowing)
         b = len(heap)
-        full = (self.kv_capacity - self.kv_reserved + self.grow_base) / b - self.progress
+        full = (self.kv_capacity - self.kv_reserved + self.unborn + self.target_sum) / b - self.progress
         if full < remaining:
             remaining = full
         at = begin + (remaining / self.rate if remaining > 0 else 0.0)
@@ -264,17 +267,17 @@ class EngineSim:
     # plus the turn it is generating, including idle contexts held through tool time (those
     # are resident until evicted, and eviction releases them).
     #
-    # Decoding members hold their context at join (their reservation) plus the tokens they
-    # have generated this turn (``used`` counts those; a turn's end adds them to its
-    # reservation, ``grow``). Admission needs room for the context only, as vLLM allocates
-    # a request's prompt blocks; when the growing turns fill the engine the wake-up timer
-    # fires (``rearm``) and the driver evicts idle contexts, then preempts the newest
-    # running sequence (``overflowing``; ``sim.lifecycle.Lifecycle._relieve``).
+    # A reservation covers the whole turn, but only the tokens generated so far occupy the
+    # cache (``used``): admission needs room for the context and prompt only, as vLLM
+    # allocates a request's prompt blocks, so ``kv_reserved`` may exceed the capacity. When
+    # the generated tokens fill the engine the wake-up timer fires (``rearm``) and the
+    # driver evicts idle contexts, then preempts the newest running sequence
+    # (``overflowing``; ``sim.lifecycle.Lifecycle._relieve``).
     def used(self, now: float) -> float:
-        """KV tokens in use now: reservations plus what members generated this turn."""
+        """KV tokens in the cache now: reservations less the tokens not generated yet."""
         self.advance(now)
         b = len(self.members)
-        return self.kv_reserved + (b * self.progress - self.grow_base if b else 0.0)
+        return self.kv_reserved - self.unborn - (self.target_sum - b * self.progress if b else 0.0)
 
     def overflowing(self, now: float) -> bool:
         """The members' KV has reached the engine's capacity (within float rounding)."""
@@ -283,32 +286,32 @@ class EngineSim:
     def free(self, now: float) -> float:
         """KV tokens admission may still reserve now (idle contexts not evicted): the
         capacity less ``used``, less the watermark while sequences decode."""
-        b = len(self.members)
-        if not b:
-            return self.kv_capacity - self.kv_reserved
-        self.advance(now)
-        return (self.kv_capacity * (1.0 - WATERMARK) - self.kv_reserved
-                - (b * self.progress - self.grow_base))
+        if not self.members:
+            return self.kv_capacity - (self.kv_reserved - self.unborn)
+        return self.kv_capacity * (1.0 - WATERMARK) - self.used(now)
 
-    def reserve(self, key: Hashable, tokens: int, now: float) -> bool:
-        """Grow ``key``'s KV reservation to ``tokens`` if it fits (``free``), evicting
-        idle contexts, oldest first, if needed."""
+    def reserve(self, key: Hashable, tokens: int, pending: int, now: float) -> bool:
+        """Admit a turn: grow ``key``'s reservation to ``tokens``, of which ``pending`` are
+        still to be generated, if the rest fits (``free``), evicting idle contexts, oldest
+        first, if needed."""
         have = self.reservations.get(key, 0)
         need = tokens - have
         if need <= 0:
+            self.unborn += pending
             return True
         room = self.free(now)
-        if need > room:
+        if need - pending > room:
             lru = self.env_lru
-            while need > room and lru:
+            while need - pending > room and lru:
                 victim = next(iter(lru))
                 if victim is key:
                     break
                 freed = self.reservations.get(victim, 0)
                 self.evict(victim)
                 room += freed
-            if need > room:
+            if need - pending > room:
                 return False
+        self.unborn += pending
         self.reservations[key] = tokens
         self.kv_reserved += need
         if self.es is not None:
@@ -316,17 +319,6 @@ class EngineSim:
         if self.counted:
             self.pool.total += need
         return True
-
-    def grow(self, key: Hashable, tokens: int) -> None:
-        """``key``'s turn ended: its reservation becomes its whole context, ``tokens`` (the
-        tokens it generated were already counted by ``used``; no check, no eviction)."""
-        need = tokens - self.reservations.get(key, 0)
-        self.reservations[key] = tokens
-        self.kv_reserved += need
-        if self.es is not None:
-            self.es.kv_used = self.kv_reserved
-        if self.counted:
-            self.pool.total += need
 
     def evict(self, key: Hashable) -> None:
         self.release(key)

@@ -82,6 +82,10 @@ class Lifecycle(DriverCore):
         row = t.first + t.ts.turns_done
         return t.ctx + self.w_prompt[row] + self.w_output[row]
 
+    def _pending(self, t: SimTraj) -> int:
+        """Tokens ``t``'s next turn has still to generate."""
+        return self.w_output[t.first + t.ts.turns_done] - t.turn_progress
+
     def _prompt_need(self, t: SimTraj) -> int:
         """KV tokens admission reserves for ``t``'s next turn: its context, the turn's
         prompt and what it generated of the turn before it left an engine (the tokens it
@@ -106,8 +110,10 @@ class Lifecycle(DriverCore):
                 es.dequeue(admit=False)
                 self._finish(t, _TIMED_OUT, eng.id, note="context exceeds KV capacity")
                 continue
-            if not eng.reserve(t, self._prompt_need(t), self.now):
+            pending = self._pending(t)
+            if not eng.reserve(t, self._need(t), pending, self.now):
                 break
+            t.pending_out = pending
             if eng.evicted:
                 self._drain_evictions(eng)
             es.dequeue(admit=True)
@@ -134,7 +140,9 @@ class Lifecycle(DriverCore):
 
     def _admit_unbound(self, t: SimTraj, eng: EngineSim, need: int) -> None:
         """Admit the cluster queue's head ``t`` on ``eng`` (where it fits) and start its turn."""
-        eng.reserve(t, need, self.now)
+        pending = self._pending(t)
+        eng.reserve(t, self._need(t), pending, self.now)
+        t.pending_out = pending
         if eng.evicted:
             self._drain_evictions(eng)
         st = self.state
@@ -440,20 +448,25 @@ class Lifecycle(DriverCore):
         es = eng.es
         t.join_token += 1  # cancels a pending KV-transfer join
         if t in eng.members:
+            t.pending_out = 0  # (moved from unborn at its join)
             produced = eng.leave(self.now, t, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
             t.turn_progress += produced
             t.generated += produced
             if eng in self.seq_wait:
                 self._resume_seq(eng)
             eng.rearm(self.now)
-        elif eng in self.seq_wait:  # waiting for a decode slot
-            wait = self.seq_wait[eng]
-            for entry in wait:
-                if entry[0] is t:
-                    wait.remove(entry)
-                    break
-            if not wait:
-                del self.seq_wait[eng]
+        else:
+            if t.pending_out:  # admitted, not decoding yet (a slot, its KV in transit)
+                eng.unborn -= t.pending_out
+                t.pending_out = 0
+            if eng in self.seq_wait:  # waiting for a decode slot
+                wait = self.seq_wait[eng]
+                for entry in wait:
+                    if entry[0] is t:
+                        wait.remove(entry)
+                        break
+                if not wait:
+                    del self.seq_wait[eng]
         es.discard(t.tid)
         eng.env_lru.pop(t, None)
         eng.release(t)

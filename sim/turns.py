@@ -83,7 +83,7 @@ def turn_done(d: Any, t: SimTraj, eng: EngineSim) -> None:
     t.turn_progress = 0
     ts.turns_done = i + 1
     ts.tokens = t.ctx
-    eng.grow(t, t.ctx)  # (its context, generated tokens included, is now its reservation)
+    t.pending_out = 0  # (its reservation, the whole turn, is now its context)
     v0 = t.turn_version
     if ts.min_version < 0 or v0 < ts.min_version:
         ts.min_version = v0
@@ -164,9 +164,10 @@ def env_timer(d: Any, ev: Any) -> None:
             eng.release(t)
             d._finish(t, _TIMED_OUT, eng.id, note="context exceeds KV capacity")
             d._admit(eng)
-        elif not eng.reserve(t, t.ctx + p, now):
+        elif not eng.reserve(t, need, o, now):
             d._wait_for_kv(t, eng)
         else:
+            t.pending_out = o
             if eng.evicted:
                 d._drain_evictions(eng)
             if t.kv_cached:  # (Lifecycle._start_turn's common case, inline: prefix cache hit)
