@@ -22,7 +22,8 @@ class EngineInfo:
     running: int  # admitted trajectories (generating or in tool time), KV held
     queued: int  # dispatched here, waiting for KV capacity
     version: int  # weights version it generates with
-    kv_used: int  # tokens of KV cache in use
+    kv_used: int  # KV reserved: admitted contexts plus the turns being generated (may exceed
+    # kv_capacity: admission needs room for context and prompt only, a full cache preempts)
     kv_capacity: int  # tokens of KV cache the engine can hold
     draining: bool  # leaving rollout; takes no new work
     syncing: bool  # paused while new weights arrive
