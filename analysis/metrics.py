@@ -37,6 +37,16 @@ Definitions (the report and summary.csv use exactly these):
   calls added (cut at ``tool_timeout_s``). The time a fault costs the run as a whole is
   the difference in ``sim_seconds`` against the same run without faults
   (``bench/bench_faults.py`` prints it).
+* **gap to the bound by cause** (seconds; ``gap_seconds`` = ``sim_seconds`` -
+  ``lower_bound_seconds``), attributed in proportion to the GPU-time each cause lost
+  (GPU-seconds per GPU): ``gap_tail_s`` (rollout GPUs holding no generating sequence --
+  ``tool_wait``, ``rollout_idle`` -- and unassigned ``idle`` GPUs: the long tail and
+  waiting for work), ``gap_trainer_wait_s`` (``train_idle``: trainer GPUs with nothing to
+  train), ``gap_switch_s`` (``switch``), ``gap_sync_s`` (``sync``) and ``gap_other_s``
+  (busy and failed GPU-seconds per GPU beyond the whole bound: decode at batches below
+  ``max_num_seqs``, repeated prefill, faults; 0 when the bound is the critical path). The
+  five sum to ``gap_seconds``. The GPU-time lost per cause without the attribution is
+  ``state_seconds`` (the report's breakdown). NaN without a bound.
 """
 
 from __future__ import annotations
@@ -68,7 +78,15 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "unfinished_trajectories", "complete", "driver", "num_gpus",
     "faults", "retried_trajectories", "fault_wasted_tokens", "fault_gpu_seconds_lost",
     "failed_gpu_seconds", "fault_tool_seconds_lost",
+    "gap_seconds", "gap_tail_s", "gap_trainer_wait_s", "gap_switch_s", "gap_sync_s", "gap_other_s",
 )
+# the causes of the gap to the bound (see the module doc), by GpuState
+GAP_CAUSES: dict[str, tuple[str, ...]] = {
+    "gap_tail_s": (GpuState.TOOL_WAIT.value, GpuState.ROLLOUT_IDLE.value, GpuState.IDLE.value),
+    "gap_trainer_wait_s": (GpuState.TRAIN_IDLE.value,),
+    "gap_switch_s": (GpuState.SWITCH.value,),
+    "gap_sync_s": (GpuState.SYNC.value,),
+}
 BUSY = (GpuState.GENERATE.value, GpuState.TRAIN.value)
 NO_WORK = (GpuState.ROLLOUT_IDLE.value, GpuState.TRAIN_IDLE.value, GpuState.IDLE.value)
 _TERMINAL = (TrajStatus.TRAINED.value, TrajStatus.DROPPED.value)
@@ -176,8 +194,22 @@ def summarize(record: RunRecord, streamed: IntervalSummary | None = None) -> dic
         "driver": str(meta.get("driver", "")),
         "num_gpus": gpus,
         **fault_columns(meta),
+        **gap_columns(secs, gpus, span, lb),
     }
     return row
+
+
+def gap_columns(secs: pd.Series, gpus: int, span: float, lb: float) -> dict[str, float]:
+    """The gap to the bound split by cause (see the module doc); NaN without a bound."""
+    if not (lb > 0 and gpus > 0):
+        return {"gap_seconds": math.nan, **dict.fromkeys(GAP_CAUSES, math.nan), "gap_other_s": math.nan}
+    gap = span - lb
+    lost = {col: float(secs[list(states)].sum()) / gpus for col, states in GAP_CAUSES.items()}
+    accounted = sum(lost.values())
+    lost["gap_other_s"] = max(0.0, span - accounted - lb)  # (busy + failed per GPU, beyond lb)
+    total = sum(lost.values())
+    share = gap / total if total > 0 else 0.0
+    return {"gap_seconds": gap, **{col: v * share for col, v in lost.items()}}
 
 
 def fault_columns(meta: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from .commands import (
     Dispatch,
     Drop,
     Interrupt,
+    Move,
     OptimizerStep,
     Reassign,
     SetTimer,
@@ -45,7 +46,7 @@ from .view import ClusterView, EngineInfo, TrainerInfo, TrajectoryInfo
 __all__ = [
     "ClusterView", "Command", "ConfigError", "Dispatch", "Drain", "Drop", "EngineId",
     "EngineIdle", "EngineInfo", "Event", "Fault", "FaultSchedule", "GpuId", "GpuState",
-    "Interrupt", "LiveBackendError", "MicroBatchFinished", "OptimizerStep", "Param", "Policy",
+    "Interrupt", "LiveBackendError", "MicroBatchFinished", "Move", "OptimizerStep", "Param", "Policy",
     "PolicyError", "Reassign", "RecordError", "RlschedError", "Role", "RolesChanged",
     "RunStarted", "SetTimer", "SyncFailed", "SyncWeights", "TaskId", "TimerFired",
     "ToolTimedOut", "TraceError", "Train", "TrainMicroBatch", "TrainStepFinished",

@@ -21,13 +21,24 @@ class Command:
 
 @dataclass(frozen=True, slots=True)
 class Dispatch(Command):
-    """Start (or resume) these trajectories on ``engine``, or on the least-loaded rollout
-    engine (fewest admitted plus queued trajectories, lowest id on ties) when ``None``.
+    """Start (or resume) these trajectories: pinned to ``engine``, or, when ``None``, bound
+    late by the cluster.
 
     Trajectories must be PENDING or INTERRUPTED. A resumed trajectory continues from its
     last finished turn; its context must be prefilled again on the new engine.
-    Trajectories stay on their engine between turns (prefix cache) unless a policy moves
-    them.
+
+    With ``engine=E`` a trajectory is *pinned*: it waits in E's queue for KV room and runs
+    every turn on E (prefix cache) until E leaves rollout or a :class:`Move` moves it.
+
+    With ``engine=None`` it is *unpinned*: it waits (status QUEUED, engine None) in one
+    cluster-level FIFO queue (``ClusterView.cluster_queue()``) until a rollout engine with
+    KV room admits it -- the least-loaded engine (running + queued, lowest id) on which it
+    fits, when it is dispatched; any engine that frees room, later. Between turns it
+    prefers the engine holding its context; if that engine has no room for its next turn
+    it goes back to the head of the cluster queue and any engine may take it (its context
+    is then moved or re-prefilled: ``CostModel.migrate_s``). No engine is told about it
+    until it is admitted, so an engine never idles while the cluster queue holds work it
+    can fit.
     """
 
     trajectories: tuple[TrajectoryId, ...]
@@ -90,6 +101,31 @@ class Interrupt(Command):
 
     trajectories: tuple[TrajectoryId, ...]
     keep_progress: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Move(Command):
+    """Move these queued or running trajectories to rollout engine ``engine`` (pinning them
+    there), or, when ``None``, to the head of the cluster queue (unpinned: the cluster
+    places them where KV is free, see :class:`Dispatch`).
+
+    Legal for trajectories that are QUEUED or RUNNING, each at most once, none already
+    where it is sent (on ``engine``; or unpinned in the cluster queue for ``None``), to an
+    active (not draining) rollout engine. Nothing is lost: finished turns and the tokens of
+    the turn in progress are kept (``TrajectoryInfo.turns_done``/``tokens`` unchanged);
+    a trajectory in a tool call keeps running it and joins its destination when it returns.
+
+    Cost (the simulator charges it from ``CostModel.migrate_s``; the live driver aborts
+    the request and resumes it with its prefix): a trajectory whose context was resident on
+    its engine leaves it at once, freeing that KV; on the destination its context is
+    re-prefilled, or transferred, whichever the cost model finds cheaper (a transfer is
+    counted from the moment it left, so time spent waiting in a queue overlaps it). A
+    trajectory that held no KV (waiting in a queue) moves for free. Each move of a context
+    counts in ``migrations`` of the run record; a ``Migrate`` event names it.
+    """
+
+    trajectories: tuple[TrajectoryId, ...]
+    engine: EngineId | None = None
 
 
 @dataclass(frozen=True, slots=True)

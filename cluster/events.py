@@ -66,7 +66,8 @@ class WeightsSynced(Event):
 class RolesChanged(Event):
     """These GPUs finished switching and now have ``role``. For ``ROLLOUT`` the GPUs form
     engines (see ``ClusterView.engine_of``); new engines hold the trainer's version at the
-    time the switch completed."""
+    time their switch *started* (the weights are loaded then: a version published during
+    the switch needs a ``SyncWeights``)."""
 
     gpus: tuple[GpuId, ...]
     role: Role

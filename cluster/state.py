@@ -19,6 +19,7 @@ from .commands import (
     Dispatch,
     Drop,
     Interrupt,
+    Move,
     OptimizerStep,
     Reassign,
     SetTimer,
@@ -49,6 +50,7 @@ class TrajState:
     tokens: int = 0
     min_version: int = -1
     max_version: int = -1
+    pinned: bool = False  # bound to ``engine`` by Dispatch/Move (else the cluster places it)
     trained_version: int = -1
     in_micro_batch: bool = False
     dispatches: int = 0
@@ -60,7 +62,7 @@ class TrajState:
     def info(self) -> TrajectoryInfo:
         return TrajectoryInfo(
             self.id, self.task_id, self.step, self.status, self.engine,
-            self.turns_done, self.tokens, self.min_version,
+            self.turns_done, self.tokens, self.min_version, self.pinned,
         )
 
 
@@ -118,6 +120,14 @@ class EngineState:
             self.queue.appendleft(tid)
         else:
             self.queue.append(tid)
+
+    def admit(self, tid: TrajectoryId) -> None:
+        """``tid`` is admitted straight to ``running`` (from the cluster queue)."""
+        self.running.add(tid)
+        self.load += 1
+        t = self.tally
+        if t is not None and not self.draining:
+            t.live += 1
 
     def dequeue(self, *, admit: bool) -> TrajectoryId:
         """The queue's head leaves the queue: to ``running`` (``admit``) or the engine."""
@@ -257,6 +267,10 @@ class ClusterState:
         self.trainer_floor: tuple[int, int] = (1, 1)  # (min_gpus, grow_unit): see set_trainer_floor
         self._floor_why = ""
         self.node_size = 0  # GPUs per NVLink domain (the cost model's topology; 0: flat)
+        # the cluster-level queue: unpinned trajectories (QUEUED, engine None) waiting for
+        # any engine to admit them, in admission order (see Dispatch); drivers change it
+        # through enqueue_unbound/take_unbound
+        self.unbound: deque[TrajectoryId] = deque()
 
     # ------------------------------------------------------------------ view
     @property
@@ -339,7 +353,12 @@ class ClusterState:
 
     def rollout_totals(self) -> RolloutTotals:
         t = self._tally
-        return RolloutTotals(t.engines, t.live, t.with_queue, t.kv if t.kv_source is None else t.kv_source())
+        return RolloutTotals(t.engines, t.live, t.with_queue,
+                             t.kv if t.kv_source is None else t.kv_source(), len(self.unbound))
+
+    def cluster_queue(self) -> tuple[TrajectoryId, ...]:
+        """Unpinned trajectories waiting for any engine to admit them, head first."""
+        return tuple(self.unbound)
 
     def use_kv_source(self, total: Callable[[], int]) -> None:
         """The KV in use on the active engines is ``total()``, kept by the driver (which
@@ -422,6 +441,13 @@ class ClusterState:
                                  f"{got} != scan {want}")
         if t.active != scan.active or t.ids not in (None, tuple(scan.active)):
             raise InvariantViolation(f"t={self._now:.3f}: engine ids {t.active} / {t.ids} != scan {scan.active}")
+        for tid in self.unbound:
+            ts = self.trajs[tid]
+            if ts.status is not TrajStatus.QUEUED or ts.engine is not None or ts.pinned:
+                raise InvariantViolation(f"t={self._now:.3f}: {tid!r} waits in the cluster queue but is "
+                                         f"{ts.status} on engine {ts.engine} (pinned={ts.pinned})")
+        if len(set(self.unbound)) != len(self.unbound):
+            raise InvariantViolation(f"t={self._now:.3f}: a trajectory is twice in the cluster queue")
 
     def least_loaded(self) -> EngineId:
         """The active engine with the least load (running + queued), lowest id first."""
@@ -438,6 +464,23 @@ class ClusterState:
             if t.dispatches == 1:
                 t.dispatch_time = self._now
         t.status, t.engine = status, engine
+
+    def enqueue_unbound(self, tid: TrajectoryId, *, front: bool = False) -> None:
+        """``tid`` (QUEUED) waits in the cluster queue, unpinned, on no engine."""
+        t = self.trajs[tid]
+        t.engine, t.pinned = None, False
+        if front:
+            self.unbound.appendleft(tid)
+        else:
+            self.unbound.append(tid)
+
+    def take_unbound(self, tid: TrajectoryId) -> None:
+        """``tid`` leaves the cluster queue (admitted, moved, interrupted), if it is in it
+        (one moved there during a tool call joins it only when the call returns)."""
+        if self.unbound and self.unbound[0] == tid:
+            self.unbound.popleft()
+        elif tid in self.unbound:
+            self.unbound.remove(tid)
 
     def mark_finished(self, tid: TrajectoryId, status: TrajStatus) -> None:
         t = self.trajs[tid]
@@ -508,6 +551,8 @@ class ClusterState:
                 for e in es or ():
                     if e not in self.engines_:
                         raise PolicyError(f"SyncWeights to engine {e}, which is not a rollout engine")
+            case Move(trajectories=tids, engine=e):
+                self._check_move(tids, e)
             case Interrupt(trajectories=tids):
                 for tid in tids:
                     if self._traj(tid, cmd).status not in _ACTIVE:
@@ -530,6 +575,22 @@ class ClusterState:
         if t is None:
             raise PolicyError(f"{type(cmd).__name__} names unknown trajectory {tid!r}")
         return t
+
+    def _check_move(self, tids: tuple[TrajectoryId, ...], e: EngineId | None) -> None:
+        if not tids:
+            raise PolicyError("Move with no trajectories")
+        if len(set(tids)) != len(tids):
+            raise PolicyError(f"Move names a trajectory twice: {tids}")
+        if e is not None and (e not in self.engines_ or self.engines_[e].draining):
+            raise PolicyError(f"Move to engine {e}, which is not an active rollout engine")
+        for tid in tids:
+            t = self._traj(tid, Move(tids, e))
+            if t.status not in _ACTIVE:
+                raise PolicyError(f"Move of {tid!r} which is {t.status}, not queued or running")
+            if e is None and t.engine is None:
+                raise PolicyError(f"Move of {tid!r} to the cluster queue, where it already waits")
+            if e is not None and t.engine == e and t.pinned:
+                raise PolicyError(f"Move of {tid!r} to engine {e}, where it already is")
 
     def _check_reassign(self, gpus: tuple[GpuId, ...], role: Role) -> None:
         if not gpus:

@@ -22,7 +22,8 @@ class EngineInfo:
     running: int  # admitted trajectories (generating or in tool time), KV held
     queued: int  # dispatched here, waiting for KV capacity
     version: int  # weights version it generates with
-    kv_used: int  # tokens of KV cache in use
+    kv_used: int  # KV reserved: admitted contexts plus the turns being generated (may exceed
+    # kv_capacity: admission needs room for context and prompt only, a full cache preempts)
     kv_capacity: int  # tokens of KV cache the engine can hold
     draining: bool  # leaving rollout; takes no new work
     syncing: bool  # paused while new weights arrive
@@ -61,6 +62,9 @@ class TrajectoryInfo:
     turns_done: int
     tokens: int  # context tokens so far (prompt + generated)
     min_version: int  # oldest weights version that generated any of its kept tokens (-1: none)
+    # pinned to ``engine`` (Dispatch/Move with an engine); False: the cluster places it, and
+    # ``engine`` is None while it waits in the cluster queue
+    pinned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +75,9 @@ class RolloutTotals:
     live: int  # trajectories running or queued on them (sum of EngineInfo.load)
     engines_with_queue: int
     kv_used: int
+    # trajectories waiting in the cluster-level queue for any engine to admit them (not
+    # part of ``live``, which counts what engines hold; see Dispatch)
+    unbound: int = 0
 
 
 @runtime_checkable
@@ -104,3 +111,4 @@ class ClusterView(Protocol):
     def interrupted(self, step: int) -> tuple[TrajectoryId, ...]: ...
     def unfinished(self, step: int) -> int: ...
     def failed_gpus(self) -> tuple[GpuId, ...]: ...
+    def cluster_queue(self) -> tuple[TrajectoryId, ...]: ...

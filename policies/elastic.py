@@ -237,7 +237,7 @@ class Elastic:
         totals = view.rollout_totals()  # (sums without an EngineInfo per engine per event)
         if not totals.engines:
             return []  # every engine failed (WorkerFailed): nothing to release
-        live = totals.live
+        live = totals.live + totals.unbound  # (unpinned work waiting for any engine counts)
         # Rollout over and no GPU trains: unless an engine goes to the trainer now, nothing
         # ever happens again (tail=0 never sees a tail; min_engines >= engines never
         # releases one). Training then gets at least one engine.
@@ -253,7 +253,7 @@ class Elastic:
             return []
         if not (self._in_micro or view.finished(s)):
             return []  # nothing to train yet: freed GPUs would only wait
-        if totals.engines_with_queue:
+        if totals.engines_with_queue or totals.unbound:
             return []  # engines are saturated (KV full): shrinking would only lengthen queues
         if self.staleness == 0:
             # on-policy: only the step's own tail can make room

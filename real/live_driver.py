@@ -41,6 +41,7 @@ from rlsched.cluster.commands import (
     Dispatch,
     Drop,
     Interrupt,
+    Move,
     OptimizerStep,
     Reassign,
     SetTimer,
@@ -235,6 +236,9 @@ class LiveDriver:
             case Interrupt(trajectories=tids, keep_progress=keep):
                 for tid in tids:
                     self.rollout.interrupt(tid, keep)
+            case Move():
+                raise PolicyError("Move: the live driver cannot move trajectories between engines yet "
+                                  "(simulator only; see issue 23)")
             case Drop(trajectories=tids):
                 for tid in tids:
                     self.close_traj_env(tid)

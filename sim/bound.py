@@ -10,7 +10,8 @@ could still gain. It is built from two facts:
   context of each turn at its smallest, prefix cache always hit, tools never queued), then
   be trained on every GPU at once; the step's optimizer step follows, and the next step's
   rollout cannot begin before the new weights reach an engine (the cheaper of a sync or a
-  role switch). With staleness k, step s may start once version s-k exists, so steps
+  role switch: an engine serves the weights current when its switch *started*, as the
+  simulator and a real cluster load them then). With staleness k, step s may start once version s-k exists, so steps
   overlap and the chain is computed accordingly. Policies that may defer a trajectory to a
   later step (partial rollout) get only the whole-run critical path.
 

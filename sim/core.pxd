@@ -10,7 +10,8 @@ from .traj cimport SimTraj
 cdef class DriverCore:
     cdef dict __dict__
     cdef public double now
-    cdef public long long events_processed, sandbox_free
+    cdef public long long events_processed, sandbox_free, max_seqs
+    cdef public dict seq_wait
     cdef public object env, fault, rec, gpus, _eid, _events, sandbox_queue
     cdef public object _env_callbacks, _wake_callbacks
     cdef public list _queue

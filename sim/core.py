@@ -25,6 +25,7 @@ import numpy as np
 import simpy
 
 from rlsched.cluster.config import RunConfig
+from rlsched.cluster.errors import InvariantViolation
 from rlsched.cluster.events import Event
 from rlsched.cluster.faults import FaultSchedule
 from rlsched.cluster.policy import Policy
@@ -130,6 +131,11 @@ class DriverCore:
             (self.iv_first, self.iv_count, self.iv_start, self.iv_end, self.iv_state,
              self.iv_step, self.iv_n) = recorder.interval_buffers()
             self.iv_cap = recorder.flush_rows
+        # vLLM's max_num_seqs: sequences an engine decodes at once (the bound's work term
+        # assumes it); turns beyond it wait, KV admitted, in seq_wait[engine] (see
+        # Lifecycle._join), which holds only engines with a non-empty wait
+        self.max_seqs = cost.max_num_seqs
+        self.seq_wait: dict[EngineSim, deque] = {}
         self.sandbox_free = config.sandbox_slots
         self.sandbox_queue: deque[SimTraj] = deque()
         self._events: deque[Event] = deque()
@@ -155,6 +161,21 @@ class DriverCore:
 
     def kv_pool_total(self) -> int:
         return self.kv_pool.total
+
+    def _check_kv(self) -> None:
+        """(--check) No engine holds more KV than it has: reservations plus the tokens its
+        decoding turns generated (computed without advancing the engine)."""
+        now = self.now
+        for eng in self.engines.values():
+            b = len(eng.members)
+            p = eng.progress
+            start = eng.updated if eng.updated > eng.stall_end else eng.stall_end
+            if b and now > start:
+                p += (now - start) * eng.rate
+            used = eng.kv_reserved - eng.unborn - (eng.target_sum - b * p if b else 0.0)
+            if used > eng.kv_capacity * (1 + 1e-6) + 1e-6:
+                raise InvariantViolation(f"t={now:.3f}: engine {eng.id} holds {used:.1f} KV tokens, "
+                                         f"over its capacity {eng.kv_capacity}")
 
     # ---------------------------------------------------------------- loop
     def _run_until(self, until: simpy.Event) -> None:
@@ -246,6 +267,7 @@ class DriverCore:
                 self.events_processed += 1
                 if check_totals:  # (--check: the O(1) engine sums policies read are right)
                     st.check_totals()
+                    self._check_kv()
                 self._record_event(ev)
                 for cmd in policy.on_event(ev, st):
                     check(cmd)

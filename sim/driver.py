@@ -26,6 +26,7 @@ from rlsched.cluster.commands import (
     Dispatch,
     Drop,
     Interrupt,
+    Move,
     OptimizerStep,
     Reassign,
     SetTimer,
@@ -127,6 +128,8 @@ class SimDriver(Lifecycle, Roles, Training, Recording, FaultMixin):
             case Interrupt(trajectories=tids, keep_progress=keep):
                 for tid in tids:
                     self._interrupt(self.trajs[tid], keep)
+            case Move(trajectories=tids, engine=e):
+                self._move_all(tids, e)
             case Drop(trajectories=tids):
                 for tid in tids:
                     t = self.trajs[tid]

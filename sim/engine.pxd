@@ -14,7 +14,7 @@ cdef class KvPool:
 @cython.final
 cdef class EngineSim:
     cdef public double progress, updated, rate, stall_end, sync_end, wake_at, timer_at, gsince
-    cdef public double ctx_base
+    cdef public double ctx_base, target_sum, unborn
     cdef public double _weights, _kv_tok, _mem_den, _params2, _comp_den, _overhead, _pre_attn
     cdef public double _pre_den
     cdef public double _expert, _miss, _per_seq
@@ -45,8 +45,16 @@ cdef class EngineSim:
                    heap=list, members=dict, due=list)
     cpdef list pop_due(self, double now)
 
-    @cython.locals(begin=double, remaining=double, at=double, heap=list)
+    @cython.locals(begin=double, remaining=double, at=double, heap=list, b=Py_ssize_t,
+                   full=double)
     cpdef rearm(self, double now)
 
-    @cython.locals(have=cython.longlong, need=cython.longlong)
-    cpdef bint reserve(self, object key, long long tokens)
+    @cython.locals(b=Py_ssize_t)
+    cpdef double used(self, double now)
+
+    cpdef bint overflowing(self, double now)
+
+    cpdef double free(self, double now)
+
+    @cython.locals(have=cython.longlong, need=cython.longlong, room=double, freed=cython.longlong)
+    cpdef bint reserve(self, object key, long long tokens, long long pending, double now)

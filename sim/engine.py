@@ -32,6 +32,10 @@ from .cost import CostModel
 from .timers import NORMAL, Call
 
 _EPS = 1e-9
+# vLLM's admission watermark (CacheConfig.watermark, 1% of the KV blocks): while sequences
+# decode, admission leaves this share free so that a sequence just preempted for room is
+# not readmitted into the same room at the same instant
+WATERMARK = 0.01
 _INF = float("inf")
 
 
@@ -57,7 +61,7 @@ class EngineSim:
         "_pre_attn", "_pre_den", "_weights", "callbacks", "closed", "cost", "counted", "ctx_base", "eid", "env_lru", "es",
         "evicted", "first_gpu", "gcode", "gsince", "gstate", "heap", "id", "kv_capacity", "kv_reserved",
         "members", "owns", "pool", "progress", "queue", "rate", "reservations", "seq_counter",
-        "stall_end", "sync_end", "timer_at", "tp", "updated", "version", "wake_at",
+        "stall_end", "sync_end", "target_sum", "timer_at", "tp", "unborn", "updated", "version", "wake_at",
         "wake_callbacks",
     )
 
@@ -94,6 +98,11 @@ class EngineSim:
         self.evicted: list[Any] = []  # drained by the driver after reserve()
         self.wake_at = _INF
         self.seq_counter = 0
+        # Reservations hold whole turns (context, prompt and output); of those, the tokens
+        # not generated yet are ``unborn`` (admitted turns not decoding yet) plus, for the
+        # members, target_sum - len(members) * progress (see used)
+        self.unborn = 0.0
+        self.target_sum = 0.0
         self.closed = False
         # the engine is the SimPy event of its own wake-up timer when none is pending
         self.callbacks: tuple | None = None
@@ -174,6 +183,8 @@ class EngineSim:
         base = (cached + new) - p
         members = self.members
         members[key] = (target, base)
+        self.unborn -= tokens
+        self.target_sum += target
         self.ctx_base += base
         heappush(self.heap, (target, seq, key, base))
         b = len(members)
@@ -184,6 +195,7 @@ class EngineSim:
         produce; return how many of them it has produced (whole tokens)."""
         self.advance(now)
         target, base = self.members.pop(key)
+        self.target_sum = self.target_sum - target if self.members else 0.0
         heap = self.heap
         i = next(j for j, entry in enumerate(heap) if entry[2] is key)
         last = heap.pop()
@@ -213,12 +225,14 @@ class EngineSim:
                 break
             heappop(heap)
             del members[key]
+            self.target_sum -= target
             self.ctx_base -= base
             due.append(key)
         if due:
             b = len(members)
             if b == 0:
                 self.rate = 0.0
+                self.target_sum = 0.0
             else:
                 self.rate = 1.0 / self._step(b, self.ctx_base + b * progress)
         return due
@@ -236,6 +250,11 @@ class EngineSim:
             return
         begin = self.stall_end if self.stall_end > now else now
         remaining = heap[0][0] - self.progress
+        # (or when the members' growing KV fills the engine: see used, overflowing)
+        b = len(heap)
+        full = (self.kv_capacity - self.kv_reserved + self.unborn + self.target_sum) / b - self.progress
+        if full < remaining:
+            remaining = full
         at = begin + (remaining / self.rate if remaining > 0 else 0.0)
         if at == begin and remaining > 0:
             # The finish is nearer than the clock resolves at this time (``remaining`` is
@@ -259,21 +278,52 @@ class EngineSim:
     # tokens admission counts against ``kv_capacity`` -- every admitted trajectory's context
     # plus the turn it is generating, including idle contexts held through tool time (those
     # are resident until evicted, and eviction releases them).
-    def reserve(self, key: Hashable, tokens: int) -> bool:
-        """Grow ``key``'s KV reservation to ``tokens``; evict idle contexts if needed."""
+    #
+    # A reservation covers the whole turn, but only the tokens generated so far occupy the
+    # cache (``used``): admission needs room for the context and prompt only, as vLLM
+    # allocates a request's prompt blocks, so ``kv_reserved`` may exceed the capacity. When
+    # the generated tokens fill the engine the wake-up timer fires (``rearm``) and the
+    # driver evicts idle contexts, then preempts the newest running sequence
+    # (``overflowing``; ``sim.lifecycle.Lifecycle._relieve``).
+    def used(self, now: float) -> float:
+        """KV tokens in the cache now: reservations less the tokens not generated yet."""
+        self.advance(now)
+        b = len(self.members)
+        return self.kv_reserved - self.unborn - (self.target_sum - b * self.progress if b else 0.0)
+
+    def overflowing(self, now: float) -> bool:
+        """The members' KV has reached the engine's capacity (within float rounding)."""
+        return self.used(now) >= self.kv_capacity - 1e-9 * (1.0 + self.kv_capacity)
+
+    def free(self, now: float) -> float:
+        """KV tokens admission may still reserve now (idle contexts not evicted): the
+        capacity less ``used``, less the watermark while sequences decode."""
+        if not self.members:
+            return self.kv_capacity - (self.kv_reserved - self.unborn)
+        return self.kv_capacity * (1.0 - WATERMARK) - self.used(now)
+
+    def reserve(self, key: Hashable, tokens: int, pending: int, now: float) -> bool:
+        """Admit a turn: grow ``key``'s reservation to ``tokens``, of which ``pending`` are
+        still to be generated, if the rest fits (``free``), evicting idle contexts, oldest
+        first, if needed."""
         have = self.reservations.get(key, 0)
         need = tokens - have
         if need <= 0:
+            self.unborn += pending
             return True
-        if self.kv_reserved + need > self.kv_capacity:
+        room = self.free(now)
+        if need - pending > room:
             lru = self.env_lru
-            while self.kv_reserved + need > self.kv_capacity and lru:
+            while need - pending > room and lru:
                 victim = next(iter(lru))
                 if victim is key:
                     break
+                freed = self.reservations.get(victim, 0)
                 self.evict(victim)
-            if self.kv_reserved + need > self.kv_capacity:
+                room += freed
+            if need - pending > room:
                 return False
+        self.unborn += pending
         self.reservations[key] = tokens
         self.kv_reserved += need
         if self.es is not None:

@@ -173,6 +173,8 @@ class FaultMixin(DriverCore):
         eng.wake_at = float("inf")
         del self.engines[eng.id]
         st.remove_engine(eng.id)
+        if not st.engines():
+            self._strand_unbound()  # (no engine left to admit the cluster queue)
         others = tuple(x for x in es.gpus if x != failed)
         if switch is not None:
             gid, role = switch

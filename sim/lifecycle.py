@@ -1,6 +1,13 @@
 """Trajectory lifecycle in the simulator: dispatch, admission under KV capacity, turns
 (prefill + shared-rate decode), tool time with sandbox slots, finish, interrupt, migration.
 
+Binding (see ``Dispatch`` and ``Move``): a pinned trajectory waits in its engine's queue
+and runs there; an unpinned one waits in the cluster queue (``ClusterState.unbound``)
+until an engine on which it fits admits it (:meth:`Lifecycle._place_all` when work joins
+the queue, :meth:`Lifecycle._admit` when an engine frees room), and goes back to the
+queue's head when its engine has no room for its next turn. Every engine decodes at most
+``max_num_seqs`` sequences; further admitted turns wait for a slot (:meth:`_join`).
+
 The two timers every simulated turn fires (an engine wake-up when a decode ends, a
 tool-call return) are the inner loop and live in :mod:`.turns`; they call the methods
 here on their uncommon paths. These methods work on :class:`~rlsched.sim.traj.SimTraj`
@@ -10,7 +17,8 @@ where the policy-visible ``ClusterState`` needs them.
 
 from __future__ import annotations
 
-from heapq import heappush
+from collections import deque
+from heapq import heapify, heappush, heapreplace
 
 from rlsched.cluster.events import TrajectoryFinished
 from rlsched.cluster.ids import GpuState, TrajStatus
@@ -34,12 +42,14 @@ class Lifecycle(DriverCore):
 
     # ---------------------------------------------------------- dispatch
     def _dispatch(self, t: SimTraj, eng: EngineSim) -> None:
+        """``Dispatch`` to engine ``eng``: pinned there."""
         st = self.state
         st.advance(self.now)
         ts = t.ts
         if ts.status is _INTERRUPTED:
             st.mark_resumable(t.tid)
         st.mark_active(t.tid, _QUEUED, eng.id)
+        ts.pinned = True
         if t.in_env:
             return  # interrupted in a tool call that still runs: it queues when the call returns
         if ts.turns_done == t.n_turns:  # interrupted in its last tool call, which has returned
@@ -48,27 +58,135 @@ class Lifecycle(DriverCore):
         eng.es.enqueue(t.tid)
         self._admit(eng)
 
+    def _dispatch_unbound(self, t: SimTraj) -> None:
+        """``Dispatch`` without an engine: into the cluster queue (the caller then places
+        the queue with :meth:`_place_all`)."""
+        st = self.state
+        st.advance(self.now)
+        ts = t.ts
+        last = ts.engine
+        if ts.status is _INTERRUPTED:
+            st.mark_resumable(t.tid)
+        st.mark_active(t.tid, _QUEUED, None)  # type: ignore[arg-type]
+        ts.pinned = False
+        if t.in_env:
+            return  # interrupted in a tool call that still runs: it queues when the call returns
+        if ts.turns_done == t.n_turns:  # interrupted in its last tool call, which has returned
+            self._complete(t, -1 if last is None else last)
+            return
+        st.enqueue_unbound(t.tid)
+
+    def _need(self, t: SimTraj) -> int:
+        """KV tokens ``t``'s next turn holds at its end: context, the turn's prompt and
+        output (a turn that cannot fit an empty engine times out)."""
+        row = t.first + t.ts.turns_done
+        return t.ctx + self.w_prompt[row] + self.w_output[row]
+
+    def _pending(self, t: SimTraj) -> int:
+        """Tokens ``t``'s next turn has still to generate."""
+        return self.w_output[t.first + t.ts.turns_done] - t.turn_progress
+
+    def _prompt_need(self, t: SimTraj) -> int:
+        """KV tokens admission reserves for ``t``'s next turn: its context, the turn's
+        prompt and what it generated of the turn before it left an engine (the tokens it
+        generates are counted as they grow: ``EngineSim.used``)."""
+        return t.ctx + self.w_prompt[t.first + t.ts.turns_done] + t.turn_progress
+
+    def _fits(self, eng: EngineSim, need: int) -> bool:
+        """``need`` KV tokens fit in ``eng``'s free KV now. (The cluster queue is placed
+        into free room only: evicting other trajectories' idle contexts to place it would
+        send them, on return, to the queue in turn -- a cascade of re-prefills.)"""
+        return need <= eng.free(self.now)
+
     def _admit(self, eng: EngineSim) -> None:
-        """Start queued trajectories while the engine's KV cache has room (FIFO)."""
+        """Start queued trajectories while the engine's KV cache has room: its own queue
+        first (FIFO), then the cluster queue's head while it fits here."""
         es = eng.es
         queue = es.queue
         trajs = self.trajs
         while queue and not es.draining:
             t = trajs[queue[0]]
-            row = t.first + t.ts.turns_done
-            need = t.ctx + self.w_prompt[row] + self.w_output[row]
-            if need > eng.kv_capacity:
+            if self._need(t) > eng.kv_capacity:
                 es.dequeue(admit=False)
                 self._finish(t, _TIMED_OUT, eng.id, note="context exceeds KV capacity")
                 continue
-            if not eng.reserve(t, need):
+            pending = self._pending(t)
+            if not eng.reserve(t, self._need(t), pending, self.now):
                 break
+            t.pending_out = pending
             if eng.evicted:
                 self._drain_evictions(eng)
             es.dequeue(admit=True)
             t.ts.status = _RUNNING
             self._start_turn(t, eng)
+        unbound = self.state.unbound
+        if unbound and not queue and not es.draining and not eng.closed:
+            while unbound:
+                t = trajs[unbound[0]]
+                if self._need(t) > eng.kv_capacity:
+                    self._too_long(t)
+                    continue
+                need = self._prompt_need(t)
+                if not self._fits(eng, need):
+                    break
+                self._admit_unbound(t, eng, need)
         self._engine_touch(eng)
+
+    def _too_long(self, t: SimTraj) -> None:
+        """The head of the cluster queue fits on no engine (its next turn outgrows an
+        empty engine's KV): it times out, as on an engine's own queue."""
+        self.state.take_unbound(t.tid)
+        self._finish(t, _TIMED_OUT, -1, note="context exceeds KV capacity")
+
+    def _admit_unbound(self, t: SimTraj, eng: EngineSim, need: int) -> None:
+        """Admit the cluster queue's head ``t`` on ``eng`` (where it fits) and start its turn."""
+        pending = self._pending(t)
+        eng.reserve(t, self._need(t), pending, self.now)
+        t.pending_out = pending
+        if eng.evicted:
+            self._drain_evictions(eng)
+        st = self.state
+        st.take_unbound(t.tid)
+        ts = t.ts
+        ts.engine = eng.id
+        eng.es.admit(t.tid)
+        ts.status = _RUNNING
+        self._start_turn(t, eng)
+
+    def _place_all(self) -> None:
+        """Admit the cluster queue, head first, each on the least-loaded active engine
+        (running + queued, lowest id) on which it fits; stop at the first that fits
+        nowhere (FIFO, as an engine's own queue)."""
+        st = self.state
+        unbound = st.unbound
+        if not unbound:
+            return
+        engines = self.engines
+        heap = [(load, e) for e, load in st.engine_loads()]
+        heapify(heap)
+        trajs = self.trajs
+        while unbound and heap:
+            t = trajs[unbound[0]]
+            if self._need(t) > self.kv_capacity:
+                self._too_long(t)
+                continue
+            need = self._prompt_need(t)
+            eng = engines[heap[0][1]]
+            if not self._fits(eng, need):
+                eng = None
+                for _, e in sorted(heap)[1:]:
+                    if self._fits(engines[e], need):
+                        eng = engines[e]
+                        break
+                if eng is None:
+                    return
+            self._admit_unbound(t, eng, need)
+            self._engine_touch(eng)
+            if eng.id == heap[0][1]:
+                heapreplace(heap, (eng.es.load, eng.id))
+            else:
+                heap = [(eng.es.load, e) if e == eng.id else (load, e) for load, e in heap]
+                heapify(heap)
 
     def _drain_evictions(self, eng: EngineSim) -> None:
         for v in eng.evicted:
@@ -106,6 +224,9 @@ class Lifecycle(DriverCore):
             # KV still in transit: the trajectory waits; the engine is not blocked.
             self._later(delay, self._join_after_transfer, t, (eng.id, new, cached, t.join_token))
             return False
+        if len(eng.members) >= self.max_seqs:
+            self._wait_seq(t, eng, new, cached)
+            return False
         eng.join(self.now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
         self._engine_touch(eng)
         eng.rearm(self.now)
@@ -119,9 +240,35 @@ class Lifecycle(DriverCore):
         self._join(t, self.engines[e], new, cached)
 
     def _join(self, t: SimTraj, eng: EngineSim, new: int, cached: int) -> None:
+        """``t`` (admitted, KV reserved) joins the decode batch, or waits for one of the
+        engine's ``max_num_seqs`` slots."""
+        if len(eng.members) >= self.max_seqs:
+            self._wait_seq(t, eng, new, cached)
+            return
         eng.join(self.now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
         self._engine_touch(eng)
         eng.rearm(self.now)
+
+    def _wait_seq(self, t: SimTraj, eng: EngineSim, new: int, cached: int) -> None:
+        """The engine decodes ``max_num_seqs`` sequences: ``t`` waits for a slot, FIFO."""
+        wait = self.seq_wait.get(eng)
+        if wait is None:
+            wait = self.seq_wait[eng] = deque()
+        wait.append((t, new, cached))
+
+    def _resume_seq(self, eng: EngineSim) -> None:
+        """Slots freed on ``eng``: turns waiting for one join, oldest first."""
+        wait = self.seq_wait[eng]
+        cap = self.max_seqs
+        now = self.now
+        while wait and len(eng.members) < cap:
+            t, new, cached = wait.popleft()
+            t.turn_version = eng.version
+            eng.join(now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
+        if not wait:
+            del self.seq_wait[eng]
+        self._engine_touch(eng)
+        eng.rearm(now)
 
     # ------------------------------------------------ the per-turn timers
     # (the two timers every turn fires, and the end of a turn, are in .turns)
@@ -149,33 +296,95 @@ class Lifecycle(DriverCore):
         heappush(self._queue, (self.now + (delay if delay > 0.0 else 0.0), NORMAL, next(self._eid), ev))
 
     def _rejoin_after_tool(self, t: SimTraj) -> None:
-        """Moved off its engine during tool time: join the queue of its new engine (or of
-        another one if that engine has since left rollout)."""
+        """Moved off its engine during tool time: join the queue of the engine it is pinned
+        to, else (unpinned, or that engine has since left rollout) the cluster queue's head."""
         ts = t.ts
         e = ts.engine
         if ts.turns_done == t.n_turns:  # that was its last tool call: done, no engine needed
-            self._complete(t, e)
+            self._complete(t, -1 if e is None else e)
             return
-        es = self.state.engines_.get(e)
+        st = self.state
+        es = st.engines_.get(e) if ts.pinned else None
         if es is None or es.draining:
-            if not self.state.engines():
-                self._finish(t, _INTERRUPTED, e, note="no rollout engine left")
+            if not st.engines():
+                self._finish(t, _INTERRUPTED, -1 if e is None else e, note="no rollout engine left")
                 return
-            e = ts.engine = self.state.least_loaded()
+            st.enqueue_unbound(t.tid, front=True)
+            self._place_all()
+            return
         eng = self.engines[e]
         eng.es.enqueue(t.tid)
         self._admit(eng)
 
     def _wait_for_kv(self, t: SimTraj, eng: EngineSim) -> None:
-        """No room even after evicting idle contexts: wait at the head of the queue."""
+        """No room for ``t``'s next turn even after evicting idle contexts: a pinned
+        trajectory waits at the head of its engine's queue; an unpinned one goes to the
+        head of the cluster queue, its context leaving the engine now (moved or
+        re-prefilled where it is admitted next, see ``_start_turn``)."""
         self._drain_evictions(eng)
         eng.release(t)
+        had_kv = t.kv_cached
         t.kv_cached = False
         es = eng.es
         es.discard(t.tid)
-        es.enqueue(t.tid, front=True)
-        t.ts.status = _QUEUED
+        ts = t.ts
+        ts.status = _QUEUED
+        if ts.pinned:
+            es.enqueue(t.tid, front=True)
+            self._engine_touch(eng)
+            return
+        if had_kv:
+            t.moved_at = self.now
+        if self.rec is not None:
+            self.rec.event(self.now, "Requeue", engine=eng.id, trajectory=t.tid,
+                           detail=f"{t.ctx} tokens of context")
+        self.state.enqueue_unbound(t.tid, front=True)
         self._engine_touch(eng)
+        self._place_all()
+
+    def _relieve(self, eng: EngineSim) -> None:
+        """The turns ``eng`` decodes have filled its KV: as vLLM, free cached idle
+        contexts (oldest first), then preempt the most recently admitted sequences --
+        waiting for a decode slot first, then decoding -- until the rest fit."""
+        now = self.now
+        lru = eng.env_lru
+        requeued = False
+        while eng.overflowing(now):
+            if lru:
+                eng.evict(next(iter(lru)))
+                continue
+            wait = self.seq_wait.get(eng)
+            if wait:
+                t = wait[-1][0]
+            elif eng.members:
+                t = next(reversed(eng.members))
+            else:
+                break
+            requeued = self._preempt(t, eng) or requeued
+        if eng.evicted:
+            self._drain_evictions(eng)
+        self._engine_touch(eng)
+        if requeued:
+            self._place_all()
+
+    def _preempt(self, t: SimTraj, eng: EngineSim) -> bool:
+        """Recompute-preemption: ``t`` leaves ``eng`` keeping the tokens it generated, its
+        KV freed; it waits at the head of its engine's queue (pinned) or of the cluster
+        queue (True), and its context is prefilled again where it is admitted next."""
+        ts = t.ts
+        self._detach(t, eng)
+        t.kv_cached = False
+        t.moved_at = -1.0
+        ts.status = _QUEUED
+        if self.rec is not None:
+            self.rec.event(self.now, "Preempt", engine=eng.id, trajectory=t.tid,
+                           detail=f"{t.ctx + t.turn_progress} tokens")
+        if ts.pinned:
+            eng.es.enqueue(t.tid, front=True)
+            return False
+        self.state.enqueue_unbound(t.tid, front=True)
+        ts.engine = None
+        return True
 
     def _release_sandbox(self, t: SimTraj) -> None:
         if t.waiting_sandbox:
@@ -197,6 +406,7 @@ class Lifecycle(DriverCore):
 
     # ------------------------------------------------------ leaving engines
     def _finish(self, t: SimTraj, status: TrajStatus, e: int, note: str = "") -> None:
+        """``t`` stops generating (``e``: the engine it was last on, -1 if none)."""
         t.kv_cached = False
         self.state.advance(self.now)
         self.state.mark_finished(t.tid, status)
@@ -207,10 +417,13 @@ class Lifecycle(DriverCore):
     def _interrupt(self, t: SimTraj, keep: bool) -> None:
         ts = t.ts
         e = ts.engine
-        eng = self.engines.get(e)
+        eng = self.engines.get(e) if e is not None else None
         in_env = t.in_env
         if eng is not None:
             self._detach(t, eng)
+        elif e is None:
+            self.state.take_unbound(t.tid)
+            e = -1
         t.wasted += t.turn_progress
         t.mid_turn, t.turn_progress, t.moved_at = False, 0, -1.0
         # Keeping progress, a tool call in flight runs on (as on the live driver): the next
@@ -235,33 +448,94 @@ class Lifecycle(DriverCore):
         es = eng.es
         t.join_token += 1  # cancels a pending KV-transfer join
         if t in eng.members:
+            t.pending_out = 0  # (moved from unborn at its join)
             produced = eng.leave(self.now, t, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
             t.turn_progress += produced
             t.generated += produced
+            if eng in self.seq_wait:
+                self._resume_seq(eng)
             eng.rearm(self.now)
+        else:
+            if t.pending_out:  # admitted, not decoding yet (a slot, its KV in transit)
+                eng.unborn -= t.pending_out
+                t.pending_out = 0
+            if eng in self.seq_wait:  # waiting for a decode slot
+                wait = self.seq_wait[eng]
+                for entry in wait:
+                    if entry[0] is t:
+                        wait.remove(entry)
+                        break
+                if not wait:
+                    del self.seq_wait[eng]
         es.discard(t.tid)
         eng.env_lru.pop(t, None)
         eng.release(t)
 
     def _move_out(self, t: SimTraj, eng: EngineSim) -> None:
-        """Migrate ``t`` off engine ``eng`` to the least-loaded other engine (or, if a
-        failure left none, stop it with its finished turns kept)."""
+        """Migrate ``t`` off engine ``eng``, which leaves rollout, to the head of the
+        cluster queue, unpinned (or, if a failure left no engine, stop it with its
+        finished turns kept)."""
         if not self.state.engines():
             self._interrupt(t, keep=True)
             return
+        self._move(t, eng, None)
+        self._place_all()
+
+    def _move(self, t: SimTraj, eng: EngineSim | None, dest: int | None) -> None:
+        """``Move`` one trajectory (queued or running; ``eng``: its engine, None in the
+        cluster queue) to engine ``dest`` (pinned) or, with None, to the head of the
+        cluster queue (unpinned). Its context leaves ``eng`` now: ``_start_turn`` charges
+        the transfer (from ``moved_at``) or the re-prefill on the engine that admits it.
+        The caller admits: ``_admit(dest)``, :meth:`_place_all` and ``_admit(eng)`` (the
+        room it left)."""
         ts = t.ts
-        had_kv = t.kv_cached or t.mid_turn
-        self._detach(t, eng)
-        t.kv_cached = False
-        now = self.now
-        t.moved_at = now if had_kv else -1.0
-        ts.migrations += 1
-        dest = self.state.least_loaded()
-        if self.rec is not None:
-            self.rec.event(now, "Migrate", engine=dest, trajectory=t.tid, detail=f"from {eng.id}")
-        ts.engine = dest
+        st = self.state
+        if eng is not None and dest == eng.id:  # unpinned and already there: pin it
+            ts.pinned = True
+            return
+        if eng is None:
+            st.take_unbound(t.tid)
+        else:
+            # (context resident here, or a turn in progress whose KV is not still in
+            # transit from an earlier move: that one keeps its moved_at)
+            had_kv = t.kv_cached or (t.mid_turn and t.moved_at < 0)
+            self._detach(t, eng)
+            t.kv_cached = False
+            if had_kv:
+                t.moved_at = self.now
+                ts.migrations += 1
+                if self.rec is not None:
+                    self.rec.event(self.now, "Migrate", engine=-1 if dest is None else dest,
+                                   trajectory=t.tid, detail=f"from {eng.id}")
         ts.status = _QUEUED
-        if not t.in_env:  # in tool time it joins the queue when the tool call returns
-            d = self.engines[dest]
-            d.es.enqueue(t.tid)
-            self._admit(d)
+        if dest is None:
+            ts.engine = None
+            ts.pinned = False
+            if not t.in_env:  # in tool time it joins when the tool call returns
+                st.enqueue_unbound(t.tid, front=True)
+        else:
+            ts.engine = dest
+            ts.pinned = True
+            if not t.in_env:
+                self.engines[dest].es.enqueue(t.tid)
+
+    def _move_all(self, tids: tuple[str, ...], dest: int | None) -> None:
+        """The ``Move`` command: each of ``tids`` in turn, then admission where they went.
+        (Sent to the cluster queue, they keep their order at its head.)"""
+        trajs, engines = self.trajs, self.engines
+        order = reversed(tids) if dest is None else tids
+        left: dict[int, None] = {}
+        for tid in order:
+            t = trajs[tid]
+            e = t.ts.engine
+            eng = engines.get(e) if e is not None else None
+            self._move(t, eng, dest)
+            if eng is not None and e != dest:
+                left[e] = None
+        if dest is not None:
+            self._admit(engines[dest])
+        self._place_all()
+        for e in left:
+            eng = engines.get(e)
+            if eng is not None and not eng.closed and not eng.es.draining:
+                self._admit(eng)

@@ -9,7 +9,7 @@ in columns and writes them in row groups.
 
 from __future__ import annotations
 
-from rlsched.cluster.commands import Command, Dispatch, Reassign, Train, TrainMicroBatch
+from rlsched.cluster.commands import Command, Dispatch, Move, Reassign, Train, TrainMicroBatch
 from rlsched.cluster.events import (
     EngineIdle,
     Event,
@@ -74,6 +74,9 @@ class Recording(DriverCore):
         match cmd:
             case Dispatch(trajectories=ts, engine=e):
                 self.rec.event(now, "Dispatch", engine=-1 if e is None else e, detail=str(len(ts)))
+            case Move(trajectories=ts, engine=e):
+                self.rec.event(now, "Move", engine=-1 if e is None else e,
+                               trajectory=ts[0] if len(ts) == 1 else "", detail=str(len(ts)))
             case Reassign(gpus=g, role=r, drain=d):
                 self.rec.event(now, "Reassign", detail=f"{r.value} {d.value} {ids_text(g)}")
             case TrainMicroBatch(trajectories=ts) | Train(trajectories=ts):

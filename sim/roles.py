@@ -8,8 +8,6 @@ record only when it actually changes, so the common case is one comparison.
 
 from __future__ import annotations
 
-import heapq
-
 from rlsched.cluster.events import RolesChanged
 from rlsched.cluster.ids import Drain, GpuState, Role
 from rlsched.cluster.record import ids_text
@@ -19,7 +17,6 @@ from .core import DriverCore
 from .engine import EngineSim
 from .gpus import CODE
 from .memory import reshard_s
-from .traj import SimTraj
 from .turns import engine_touch
 
 
@@ -28,12 +25,9 @@ class Roles(DriverCore):
 
     # ------------------------------------------------------------- routing
     def _dispatch_all(self, tids: tuple[str, ...], e: int | None) -> None:
-        """``Dispatch``: to engine ``e``, or each to the least-loaded engine at the time.
-
-        Least-loaded is (running + queued, engine id), as ``ClusterState.least_loaded``;
-        during one Dispatch only the engine just dispatched to changes load, so a heap of
-        (load, id) gives the same choices in O(log engines) each.
-        """
+        """``Dispatch``: pinned to engine ``e``, or (None) into the cluster queue, which
+        is then placed: each on the least-loaded engine (running + queued, engine id) on
+        which it fits (see ``Lifecycle._place_all``)."""
         trajs = self.trajs
         if e is not None:
             eng = self.engines[e]
@@ -42,16 +36,11 @@ class Roles(DriverCore):
             return
         if not tids:
             return
-        heap = [(load, e) for e, load in self.state.engine_loads()]
-        if not heap:
+        if not self.state.engines():
             self.state.least_loaded()  # raises the PolicyError for "no rollout engine"
-        heapq.heapify(heap)
-        engines = self.engines
         for tid in tids:
-            eng = engines[heap[0][1]]
-            self._dispatch(trajs[tid], eng)
-            es = eng.es
-            heapq.heapreplace(heap, (es.load, eng.id))
+            self._dispatch_unbound(trajs[tid])
+        self._place_all()
 
     # -------------------------------------------------------------- roles
     def _reassign(self, gpus: tuple[int, ...], role: Role, drain: Drain) -> None:
@@ -95,13 +84,30 @@ class Roles(DriverCore):
         if drain is not Drain.INTERRUPT and not others and (es.running or es.queue):
             drain = Drain.INTERRUPT  # nowhere to migrate to: keep progress, stop here
         trajs = self.trajs
-        for tid in list(es.queue) + sorted(es.running):
-            t: SimTraj = trajs[tid]
-            if drain is Drain.INTERRUPT:
-                self._interrupt(t, keep=True)
-            elif drain is Drain.MIGRATE or tid in es.queue or t.in_env:
-                self._move_out(t, eng)
+        if not others:
+            self._strand_unbound()
+        members = list(es.queue) + sorted(es.running)
+        if drain is Drain.INTERRUPT:
+            for tid in members:
+                self._interrupt(trajs[tid], keep=True)
+        else:
+            # to the cluster queue's head, keeping their order there
+            queued = set(es.queue)
+            moving = [tid for tid in members
+                      if drain is Drain.MIGRATE or tid in queued or trajs[tid].in_env]
+            for tid in reversed(moving):
+                self._move(trajs[tid], eng, None)
+            if moving:
+                self._place_all()
         self._maybe_close_engine(eng)
+
+    def _strand_unbound(self) -> None:
+        """No active rollout engine is left: the cluster queue's trajectories stop, their
+        finished turns kept (as those on a drained engine's queue), for the policy to
+        dispatch again once engines are back."""
+        st = self.state
+        while st.unbound:
+            self._interrupt(self.trajs[st.unbound[0]], keep=True)
 
     def _maybe_close_engine(self, eng: EngineSim) -> None:
         es = eng.es
@@ -136,7 +142,10 @@ class Roles(DriverCore):
         seconds = self.cost.switch_seconds(role.value, len(grp[1]) if grp else len(gpus))
         if self.layout.memory is not None:  # the trainer's state moves (see .memory.reshard_s)
             seconds += self._reshard(gpus, role, len(training))
-        self._later(seconds, self._end_switch, gpus, (gid, role))
+        # (the weights an engine will serve are loaded as its switch starts: the trainer's
+        # version now, even if a newer one is published before the switch ends -- as on a
+        # real cluster, and as sim/bound.py's refresh term assumes)
+        self._later(seconds, self._end_switch, gpus, (gid, role, st.version))
 
     def _reshard(self, gpus: tuple[int, ...], role: Role, leaving: int) -> float:
         """Seconds of resharding the trainer's state that GPUs ``gpus`` add to their switch:
@@ -160,8 +169,8 @@ class Roles(DriverCore):
     def _kick_trainer(self, _a: object, _b: object) -> None:
         self._trainer_next()
 
-    def _end_switch(self, gpus: tuple[int, ...], group: tuple[int, Role]) -> None:
-        gid, role = group
+    def _end_switch(self, gpus: tuple[int, ...], group: tuple[int, Role, int]) -> None:
+        gid, role, version = group
         st = self.state
         now = self.now
         switch_gid = self._switch_gid
@@ -178,7 +187,7 @@ class Roles(DriverCore):
                 # during the switch and recovered may since have been sent to train)
                 if all(st.roles[x] is Role.ROLLOUT or self._switching_to(x) is Role.ROLLOUT
                        for x in st.engine_gpus(e)):
-                    self._open_engine(e)
+                    self._open_engine(e, version)
                 else:  # a GPU of the engine failed during the switch: no engine, these idle
                     self._orphaned(tuple(g for g in gpus if st.engine_of(g) == e), gid)
         elif role is Role.TRAIN:
@@ -212,14 +221,15 @@ class Roles(DriverCore):
         if grp is not None:
             grp[1] = tuple(x for x in grp[1] if x not in gpus)
 
-    def _open_engine(self, e: int) -> None:
+    def _open_engine(self, e: int, v: int) -> None:
+        """Engine ``e``'s GPUs finished switching to rollout: it opens with weights ``v``
+        (the trainer's version when the switch started)."""
         if e in self.engines:
             # Called once per GPU of the engine whose switch ends (all at one instant): the
             # first call opens it; later ones keep it. (Replacing it would drop trajectories
             # a policy dispatched to it in between, e.g. on its EngineIdle.)
             return
         gpus = self.state.engine_gpus(e)
-        v = self.state.version
         es = EngineState(e, gpus, v, self.kv_capacity)
         self.state.add_engine(es)
         eng = EngineSim(e, gpus[0], self.cfg.tp, self.cost, self.kv_capacity, version=v, es=es)
@@ -231,7 +241,7 @@ class Roles(DriverCore):
         eng.gstate = GpuState(self.gpus.state_of(gpus[0]))
         eng.gcode = CODE[eng.gstate]
         self.engines[e] = eng
-        self._engine_touch(eng)
+        self._admit(eng)  # (takes work waiting in the cluster queue; reports EngineIdle else)
 
     # ---------------------------------------------------------- GPU state
     def _engine_touch(self, eng: EngineSim) -> None:

@@ -30,7 +30,7 @@ class SimTraj:
     __slots__ = (
         "callbacks", "charged", "ctx", "env_token", "fault_hits", "first", "generated", "hung",
         "in_env", "join_token", "kv_cached", "mid_turn", "moved_at", "n_turns", "output_kept",
-        "prompt_kept", "sandbox", "tid", "timer_token", "truncated", "ts",
+        "pending_out", "prompt_kept", "sandbox", "tid", "timer_token", "truncated", "ts",
         "turn_progress", "turn_version", "waiting_sandbox", "wasted", "widx",
     )
 
@@ -50,6 +50,7 @@ class SimTraj:
         self.wasted = 0
         self.mid_turn = False  # current turn's prompt is in the context
         self.turn_progress = 0  # tokens of the current turn produced and kept
+        self.pending_out = 0  # tokens of an admitted turn counted in its engine's unborn
         self.turn_version = -1
         self.kv_cached = False
         self.moved_at = -1.0  # KV can be pulled from the engine it left at this time

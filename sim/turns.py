@@ -57,6 +57,10 @@ def wake_timer(d: Any, ev: Any) -> None:
         for t in eng.pop_due(now):
             turn_done(d, t, eng)
         if not eng.closed:
+            if d.seq_wait and eng in d.seq_wait:  # (turns waiting for a max_num_seqs slot)
+                d._resume_seq(eng)
+            if eng.members and eng.overflowing(now):  # (generated tokens filled the KV)
+                d._relieve(eng)
             eng.rearm(now)
             if not (eng.members and eng.gstate is _GENERATE and eng.sync_end <= now):
                 engine_touch(d, eng)
@@ -79,6 +83,7 @@ def turn_done(d: Any, t: SimTraj, eng: EngineSim) -> None:
     t.turn_progress = 0
     ts.turns_done = i + 1
     ts.tokens = t.ctx
+    t.pending_out = 0  # (its reservation, the whole turn, is now its context)
     v0 = t.turn_version
     if ts.min_version < 0 or v0 < ts.min_version:
         ts.min_version = v0
@@ -159,9 +164,10 @@ def env_timer(d: Any, ev: Any) -> None:
             eng.release(t)
             d._finish(t, _TIMED_OUT, eng.id, note="context exceeds KV capacity")
             d._admit(eng)
-        elif not eng.reserve(t, need):
+        elif not eng.reserve(t, need, o, now):
             d._wait_for_kv(t, eng)
         else:
+            t.pending_out = o
             if eng.evicted:
                 d._drain_evictions(eng)
             if t.kv_cached:  # (Lifecycle._start_turn's common case, inline: prefix cache hit)
@@ -172,10 +178,14 @@ def env_timer(d: Any, ev: Any) -> None:
                 t.moved_at = -1.0
                 t.mid_turn = True
                 t.turn_version = eng.version
-                eng.join(now, t, cached, new, o - t.turn_progress)
-                if eng.gstate is not _GENERATE or eng.sync_end > now:
+                if len(eng.members) < d.max_seqs:
+                    eng.join(now, t, cached, new, o - t.turn_progress)
+                    if eng.gstate is not _GENERATE or eng.sync_end > now:
+                        engine_touch(d, eng)
+                    eng.rearm(now)
+                else:
+                    d._wait_seq(t, eng, new, cached)
                     engine_touch(d, eng)
-                eng.rearm(now)
             elif not d._start_turn(t, eng):  # (a join already updated the GPU state)
                 engine_touch(d, eng)
     if d._events:
