@@ -35,6 +35,7 @@ from typing import ClassVar
 from rlsched.cluster.commands import Command, OptimizerStep, Reassign, SyncWeights, TrainMicroBatch
 from rlsched.cluster.events import (
     Event,
+    MicroBatchFinished,
     RolesChanged,
     TrainStepFinished,
     TrajectoryFinished,
@@ -46,6 +47,7 @@ from rlsched.cluster.policy import Param
 from rlsched.cluster.view import ClusterView, TrainerInfo
 
 from .common import back_to_rollout, idle_engines, usable
+from .meter import Meter
 from .placement import LateQueue, per_engine_cap
 from .predict import LengthPredictor
 from .registry import register
@@ -58,9 +60,9 @@ class Elastic:
         Param("tail", "float", 1.0, "hand engines to training only once fewer than this share "
               "of the oldest rolling step's trajectories are live (1: whenever an engine is not "
               "needed; 0: only once none is)", low=0.0, high=1.0),
-        Param("pack", "float", 0.0, "an engine holds at most this multiple of an even spread of "
-              "one batch over all engines (0: auto, 1 on-policy and 2 with staleness)",
-              low=0.0, high=64.0),
+        Param("pack", "float", 1.0, "an engine holds at most this multiple of an even spread, "
+              "over all engines, of the batches the staleness lets roll out at once (k+1)",
+              low=0.1, high=64.0),
         Param("kv_limit", "float", 0.05, "keep enough engines that each holds at most this share "
               "of its KV capacity (decode slows as KV grows: small keeps the tail fast)",
               low=0.01, high=1.0),
@@ -82,7 +84,7 @@ class Elastic:
     )
     defers = False
 
-    def __init__(self, tail: float = 1.0, pack: float = 0.0, kv_limit: float = 0.05,
+    def __init__(self, tail: float = 1.0, pack: float = 1.0, kv_limit: float = 0.05,
                  min_engines: int = 1, drain: str = "migrate", staleness: int = 0,
                  train_share: float = 0.25, micro: int = 1, order: str = "longest") -> None:
         self.tail = tail
@@ -111,9 +113,12 @@ class Elastic:
         self._opt_sent = False
         self._switching = 0  # Reassign commands not yet reported by RolesChanged
         self._to_rollout_gpus = 0  # GPUs switching to rollout
+        self._to_train: dict[tuple[int, ...], float] = {}  # GPUs switching to train: issued at
+        self._arrived = -1.0  # when the newest group that joined the trainer was sent
         self._queue = LateQueue()
         self._predictor = self._lengths()
         self._cap = 1
+        self._meter = Meter()
 
     # ------------------------------------------------------------------ events
     def on_event(self, event: Event, view: ClusterView) -> Sequence[Command]:
@@ -123,9 +128,18 @@ class Elastic:
                 self._switching -= 1
                 if role is Role.ROLLOUT:
                     self._to_rollout_gpus = max(0, self._to_rollout_gpus - len(gpus))
+                arrived = set(gpus)
+                for key in [k for k in self._to_train if arrived.intersection(k)]:
+                    # (a failure may have taken some of a group's GPUs: match by overlap)
+                    self._arrived = max(self._arrived, self._to_train.pop(key))
+                self._meter.switch_done(gpus, view.now)
+            case MicroBatchFinished():
+                self._meter.micro_batch_done(view.now)
             case TrajectoryFinished(trajectory=t, status=st) if st in (TrajStatus.DONE, TrajStatus.TIMED_OUT):
                 info = view.trajectory(t)
                 self._predictor.observe(info.task_id, info.turns_done)
+                if view.unfinished(info.step) == 0 and not self._queue.pending(info.step):
+                    self._meter.batch_done(info.step, view.now)
             case TrainStepFinished(version=v):
                 self._train_step, self._in_micro, self._opt_sent = v, 0, False
                 if v >= view.num_steps:
@@ -140,8 +154,8 @@ class Elastic:
                 cmds += self._send(view, back, Role.ROLLOUT)
         if self._switching == 0 and not view.gpus_in(Role.ROLLOUT) and not view.gpus_in(Role.TRAIN):
             gpus = usable(view, Role.ROLLOUT)  # (every GPU, unless some failed)
-            if gpus:  # start of the run: every GPU rolls out
-                return cmds + self._send(view, gpus, Role.ROLLOUT)
+            if gpus:  # start of the run: every GPU rolls out (with staleness, but a trainer)
+                return cmds + self._start(view, gpus)
         tr = view.trainer()  # (the view does not change while the policy decides)
         self._release_batches(view)
         self._requeue_interrupted(view)
@@ -163,7 +177,31 @@ class Elastic:
         self._switching += 1
         if role is Role.ROLLOUT:
             self._to_rollout_gpus += len(gpus)
+        elif role is Role.TRAIN:
+            self._to_train[gpus] = view.now
+        self._meter.switch_sent(gpus, view.now)
         return [Reassign(gpus, role, drain)]
+
+    def _start(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
+        """Every GPU rolls out; with staleness k >= 1 a trainer of ``train_share`` of the
+        GPUs (whole engines) starts at once too, as the asynchronous split does: from the
+        second batch on, training and rollout run side by side, and GPUs that start in
+        the trainer never pay a switch to get there later."""
+        if not self.staleness or view.num_steps < 2:
+            return self._send(view, gpus, Role.ROLLOUT)
+        train = min(self._reserve(view), len(gpus) - view.tp)
+        if train <= 0:
+            return self._send(view, gpus, Role.ROLLOUT)
+        return self._send(view, gpus[:len(gpus) - train], Role.ROLLOUT) + \
+            self._send(view, gpus[len(gpus) - train:], Role.TRAIN)
+
+    def _reserve(self, view: ClusterView) -> int:
+        """GPUs (whole engines) the trainer starts with: ``train_share`` with staleness (at
+        least one engine: overlapping training with rollout is the point of staleness)."""
+        if not self.staleness or view.num_steps < 2:
+            return 0
+        engines = view.num_gpus // view.tp
+        return min(engines - 1, max(1, round(self.train_share * engines))) * view.tp
 
     def _min_version(self, step: int) -> int:
         return step - self.staleness
@@ -175,8 +213,10 @@ class Elastic:
         while self._released <= last:
             batch = view.batch(self._released)
             self._queue.add(self._released, batch)
-            pack = self.pack or (1.0 if self.staleness == 0 else 2.0)
-            self._cap = per_engine_cap(len(batch), view.num_gpus // view.tp, pack)
+            self._meter.batch_released(self._released, view.now)
+            in_flight = min(self.staleness + 1, view.num_steps)
+            engines = view.num_gpus // view.tp - self._reserve(view) // view.tp
+            self._cap = per_engine_cap(len(batch) * in_flight, engines, self.pack)
             self._released += 1
 
     def _requeue_interrupted(self, view: ClusterView) -> None:
@@ -195,12 +235,17 @@ class Elastic:
         queued = len(self._queue)
         if queued <= 0:
             return []
+        stranded = not view.engines() and not self._to_rollout_gpus
+        if not stranded and self._meter.rollout_s is not None and not self._pays(self._meter.rollout_s):
+            # a batch's rollout is over before an engine taken back would have paid for
+            # its switch: the queue goes to the engines already rolling out
+            self._cap = 1 << 30
+            return []
         coming = self._to_rollout_gpus // tp
         want = math.ceil(queued / self._cap) - coming  # engines the queue still needs
         if want <= 0:
             return []
-        backlog = self._backlog(view)
-        keep = round(self.train_share * view.num_gpus) if (self.staleness and backlog) else 0
+        keep = self._trainer_keep(view) if self.staleness else 0
         if not view.engines() and not coming:
             keep = 0  # no engine rolls out: the queue would wait forever
         spare = (len(tr.gpus) - keep) // tp
@@ -215,6 +260,49 @@ class Elastic:
             out += self._send(view, idle, Role.IDLE)
         return out
 
+    def _pays(self, seconds: float) -> bool:
+        """Is moving GPUs for work of ``seconds`` worth a switch there and back (as far as
+        measured: before the first switch was timed, it is)?"""
+        sw = self._meter.switch_s
+        return sw is None or seconds > 2.0 * sw
+
+    def _gains(self, view: ClusterView, have: int, add: int) -> bool:
+        """Does the trainer (``have`` GPUs) finish what is ready sooner by more than a
+        switch if ``add`` GPUs join it after their switch (measured times; before the
+        first micro-batch was timed, no: its own GPUs go first)?"""
+        sw = self._meter.switch_s
+        alone = self._ready_seconds(view, have)
+        if sw is None:
+            return alone > 0
+        if alone <= sw:
+            return False
+        joined = sw + (alone - sw) * have / (have + add)
+        return alone - joined > sw
+
+    def _ready_seconds(self, view: ClusterView, gpus: int) -> float:
+        """Seconds the trainer needs, on ``gpus`` GPUs, for the finished work it has not
+        been sent (measured rate; before the first micro-batch was timed, none: the
+        trainer's own GPUs go first, and the next event knows the rate)."""
+        rate = self._meter.train_gpu_s_per_token
+        if rate is None:
+            return 0.0
+        ready = [t for s in range(self._train_step, self._released) for t in view.finished(s)]
+        return sum(view.trajectory(t).tokens for t in ready) * rate / max(1, gpus)
+
+    def _trainer_keep(self, view: ClusterView) -> int:
+        """GPUs the trainer keeps when a new batch takes engines back: enough to train its
+        backlog in about the time the last batch's rollout took (so neither side waits
+        for the other), measured; ``train_share`` of the GPUs until both were measured."""
+        ready = [t for s in range(self._train_step, self._released) for t in view.finished(s)]
+        if not ready:
+            return 0
+        m = self._meter
+        if m.train_gpu_s_per_token is None or not m.rollout_s:
+            return round(self.train_share * view.num_gpus)
+        tokens = sum(view.trajectory(t).tokens for t in ready)
+        need = math.ceil(tokens * m.train_gpu_s_per_token / m.rollout_s)
+        return min(need, view.num_gpus - view.tp)
+
     # ---------------------------------------------------------------- training
     def _backlog(self, view: ClusterView) -> int:
         """Finished trajectories the trainer has not been sent yet (its step and later)."""
@@ -224,8 +312,10 @@ class Elastic:
         s = self._train_step
         if s >= view.num_steps or s >= self._released or self._opt_sent:
             return []
-        if not tr.gpus or tr.queued_micro_batches:
-            return []
+        if not tr.gpus or tr.queued_micro_batches or tr.busy:
+            return []  # (sent to an idle trainer: its duration is measured)
+        if any(t <= self._arrived for t in self._to_train.values()):
+            return []  # GPUs sent with those that just joined end their switch now too: wait
         ready = view.finished(s)
         stopped = set(view.interrupted(s))
         if stopped:
@@ -234,11 +324,15 @@ class Elastic:
             # A micro-batch runs on the GPUs the trainer has when it starts; GPUs that join
             # later wait for the next one, so micro-batches are small (one trajectory per
             # GPU by default): every GPU that arrives starts within one of them.
-            ready = ready[:self.micro * len(tr.gpus)]
+            # While more GPUs are on their way to the trainer, one trajectory at a time, so
+            # they join within a fraction of one trajectory's training.
+            ready = ready[:1] if self._to_train else ready[:self.micro * len(tr.gpus)]
             self._in_micro += len(ready)
+            tokens = sum(view.trajectory(t).tokens for t in ready)
+            self._meter.micro_batch_sent(len(tr.gpus), tokens, view.now)
             return [TrainMicroBatch(ready)]
         whole = view.unfinished(s) == 0 and not self._queue.pending(s)
-        if whole and self._in_micro == len(view.batch(s)) and not tr.busy:
+        if whole and self._in_micro == len(view.batch(s)):
             self._opt_sent = True
             return [OptimizerStep()]
         return []
@@ -246,7 +340,7 @@ class Elastic:
     # ----------------------------------------------------------- consolidation
     def _consolidate(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
         """Release engines the live trajectories do not need, if training can use them."""
-        if self._switching or self._opt_sent:
+        if self._opt_sent:
             return []
         s = self._train_step
         if s >= min(self._released, view.num_steps):
@@ -289,4 +383,9 @@ class Elastic:
         # the least loaded go (of equal loads, the highest ids)
         victims = sorted(view.engine_loads(), key=lambda el: (el[1], -el[0]))[:release]
         gpus = tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
+        if self.staleness and floor and tr.gpus and not self._gains(view, len(tr.gpus), len(gpus)):
+            # With staleness the engines must come back for the next batch: a move that
+            # saves the trainer less than that switch back loses time (on-policy, every
+            # engine goes to training at the step's end anyway: no extra switch).
+            return []
         return self._send(view, gpus, Role.TRAIN, Drain(self.drain))

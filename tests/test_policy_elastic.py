@@ -38,13 +38,19 @@ def _rolling_out(gpus: int, tp: int, n: int, spec: str = "elastic", steps: int =
     pol = policy or make_policy(spec)
     st = ClusterState(gpus, tp, batches, max_staleness=pol.max_staleness)
     pol.reset(st, random.Random(0))
-    (cmd,) = pol.on_event(RunStarted(), st)
+    cmd, *train = pol.on_event(RunStarted(), st)
     assert isinstance(cmd, Reassign) and cmd.role is Role.ROLLOUT
     for g in cmd.gpus:
         st.roles[g] = Role.ROLLOUT
-    for e in range(gpus // tp):
+    for e in sorted({st.engine_of(g) for g in cmd.gpus}):
         st.add_engine(EngineState(e, st.engine_gpus(e), 0, 1000))
-    sent = pol.on_event(RolesChanged(cmd.gpus, Role.ROLLOUT), st)
+    for t in train:  # with staleness a trainer starts too (train_share of the engines)
+        assert isinstance(t, Reassign) and t.role is Role.TRAIN
+        for g in t.gpus:
+            st.roles[g] = Role.TRAIN
+    sent = list(pol.on_event(RolesChanged(cmd.gpus, Role.ROLLOUT), st))
+    for t in train:
+        sent += pol.on_event(RolesChanged(t.gpus, Role.TRAIN), st)
     tids = _apply_dispatch(st, sent)
     assert len(tids) == n * min(steps, pol.max_staleness + 1)
     return st, pol
@@ -126,14 +132,23 @@ def test_on_policy_every_gpu_trains_once_the_rollout_is_over_then_all_return():
     assert back.role is Role.ROLLOUT and set(back.gpus) == set(range(8))  # batch 1 spreads again
 
 
-def test_with_staleness_the_trainer_keeps_its_share_while_it_has_a_backlog():
-    # staleness 1, 8 engines of 1 GPU; the trainer holds 4 GPUs and batch 1 has finished
-    # work waiting; batch 2 is released by version 1 and takes back only what the trainer
-    # can spare (train_share=0.25 of 8 GPUs: 2 stay)
+def test_with_staleness_a_trainer_starts_beside_the_rollout():
+    # staleness 1, 8 engines of 1 GPU: train_share=0.25 gives the trainer 2 engines from
+    # the start (as the asynchronous split does); the two batches spread over the other 6
+    st, _ = _rolling_out(8, 1, 8, "elastic:staleness=1", steps=3)
+    assert st.gpus_in(Role.TRAIN) == (6, 7)
+    assert sum(load for _, load in st.engine_loads()) == 16
+    assert max(load for _, load in st.engine_loads()) <= 3  # cap: 16 over 6 engines
+
+
+def test_a_new_batch_takes_back_the_engines_it_needs_and_the_trainer_keeps_the_rest():
+    # batch 0 trained (version 1), batch 1 has finished work waiting: batch 2 (8
+    # trajectories, at most 3 per engine) is released and takes back 3 engines from the
+    # trainer (which holds all 8 GPUs); the trainer keeps the others for batch 1
     st, pol = _rolling_out(8, 1, 8, "elastic:staleness=1", steps=3)
     for t in [*st.batch(0), "T8", "T9", "T10", "T11"]:
         _finish(st, t)
-    for e in (4, 5, 6, 7):
+    for e in range(6):
         for t in list(st.engines_[e].running):
             st.engines_[e].discard(t)
         st.remove_engine(e)
@@ -146,7 +161,7 @@ def test_with_staleness_the_trainer_keeps_its_share_while_it_has_a_backlog():
     st.version = 1
     cmds = pol.on_event(TrainStepFinished(1), st)
     back = [c for c in cmds if isinstance(c, Reassign)]
-    assert back and back[0].role is Role.ROLLOUT and len(back[0].gpus) == 2
+    assert len(back) == 1 and back[0].role is Role.ROLLOUT and len(back[0].gpus) == 3
 
 
 def test_oracle_needs_the_true_lengths():

@@ -86,3 +86,26 @@ def test_cap_is_an_even_spread_times_pack():
     assert per_engine_cap(128, 16, 1.0) == 8
     assert per_engine_cap(128, 16, 2.0) == 16
     assert per_engine_cap(3, 16, 1.0) == 1
+
+
+def test_plan_and_compare_agree_on_the_staleness_of_a_cut_run():
+    """partial:mode=train with a tiny budget trains trajectories cut before their first
+    turn finished (no token of any version). compare counted them as staleness 0; the
+    planner read the simulator's per-step figure, which counted version -1 (4 at step 3)."""
+    from rlsched.cluster.config import RunConfig
+    from rlsched.cluster.ids import TrajStatus
+    from rlsched.plan_eval import trained_staleness
+    from rlsched.policies import make_policy
+    from rlsched.sim.cost import CostModel
+    from rlsched.sim.run import simulate
+    from rlsched.sim.workload import Workload
+    from rlsched.traces import draw_batches, load_trace, sample_trace_path
+
+    df = load_trace(str(sample_trace_path()))
+    spec = "partial:mode=train,budget_s=5,finish_fraction=0.05"
+    out = simulate(Workload.from_frame(df), draw_batches(df, 4, None), make_policy(spec),
+                   RunConfig(gpus=64, tp=4, steps=4), CostModel())
+    st = out.result.state
+    assert any(t.status is TrajStatus.TRAINED and t.min_version < 0 for t in st.trajs.values())
+    assert max(s["max_staleness"] for s in out.result.steps) == 4  # (the figure plan used)
+    assert trained_staleness(st) == 0 == make_policy(spec).max_staleness
