@@ -118,6 +118,7 @@ class Elastic:
         self._queue = LateQueue()
         self._predictor = self._lengths()
         self._cap = 1
+        self._even = 1  # the cap of an even spread (pack=1): how many engines a batch needs
         self._meter = Meter()
 
     # ------------------------------------------------------------------ events
@@ -160,9 +161,10 @@ class Elastic:
         self._release_batches(view)
         self._requeue_interrupted(view)
         placed = self._queue.place(view, self._cap, self._min_version,
-                                   self._predictor.remaining if self.order == "longest" else None)
+                                   self._predictor.remaining if self.order == "longest" else None,
+                                   hold=self._to_rollout_gpus // view.tp)
         cmds += placed
-        cmds += self._reclaim(view, tr, cmds)
+        cmds += self._reclaim(view, tr)
         leaving = {g for c in cmds if isinstance(c, Reassign) and c.role is not Role.TRAIN for g in c.gpus}
         if not leaving or leaving.isdisjoint(tr.gpus):
             # (a micro-batch queued while the trainer's GPUs are being handed back would
@@ -217,6 +219,7 @@ class Elastic:
             in_flight = min(self.staleness + 1, view.num_steps)
             engines = view.num_gpus // view.tp - self._reserve(view) // view.tp
             self._cap = per_engine_cap(len(batch) * in_flight, engines, self.pack)
+            self._even = per_engine_cap(len(batch) * in_flight, engines, 1.0)
             self._released += 1
 
     def _requeue_interrupted(self, view: ClusterView) -> None:
@@ -227,12 +230,12 @@ class Elastic:
             if stopped:
                 self._queue.add(s, stopped, front=True)
 
-    def _reclaim(self, view: ClusterView, tr: TrainerInfo, cmds: list[Command]) -> list[Command]:
+    def _reclaim(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
         """Bring trainer GPUs back to rollout while queued work has no engine to go to."""
         if not self._queue or not tr.gpus:
             return []
         tp = view.tp
-        queued = len(self._queue)
+        queued = len(self._queue)  # what the engines up now could not take
         if queued <= 0:
             return []
         stranded = not view.engines() and not self._to_rollout_gpus
@@ -242,7 +245,7 @@ class Elastic:
             self._cap = 1 << 30
             return []
         coming = self._to_rollout_gpus // tp
-        want = math.ceil(queued / self._cap) - coming  # engines the queue still needs
+        want = math.ceil(queued / min(self._cap, self._even)) - coming  # engines it still needs
         if want <= 0:
             return []
         keep = self._trainer_keep(view) if self.staleness else 0

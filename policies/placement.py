@@ -52,11 +52,13 @@ class LateQueue:
         return sorted(s for s, q in self._steps.items() if q)
 
     def place(self, view: ClusterView, cap: int, min_version: Callable[[int], int],
-              predict: Predict | None) -> list[Command]:
+              predict: Predict | None, hold: int = 0) -> list[Command]:
         """Dispatch queued trajectories to active engines whose load is below ``cap`` and
         whose weights are at least ``min_version(step)``, oldest step first and, within a
         step, longest predicted first (ties: queue order), each to the least loaded such
-        engine (ties: lowest id)."""
+        engine (ties: lowest id). The ``hold`` longest predicted of the oldest step stay
+        queued: they wait for empty engines on their way (switching into rollout) instead
+        of joining a crowded one now."""
         if not self:
             return []
         cur = {e: load for e, load in view.engine_loads() if load < cap}
@@ -77,6 +79,8 @@ class LateQueue:
                 keys = [predict(t, i.task_id, i.turns_done) for t, i in zip(queue, infos, strict=True)]
                 order.sort(key=lambda j: -keys[j])
             placed: set[int] = set()
+            if hold and predict is not None:
+                order, hold = order[hold:], 0
             for j in order:
                 if not heap:
                     break
