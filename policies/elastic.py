@@ -113,6 +113,7 @@ class Elastic:
         self._opt_sent = False
         self._switching = 0  # Reassign commands not yet reported by RolesChanged
         self._to_rollout_gpus = 0  # GPUs switching to rollout
+        self._moving: set[int] = set()  # GPUs of Reassigns not yet reported by RolesChanged
         self._to_train: dict[tuple[int, ...], float] = {}  # GPUs switching to train: issued at
         self._arrived = -1.0  # when the newest group that joined the trainer was sent
         self._queue = LateQueue()
@@ -127,6 +128,7 @@ class Elastic:
         match event:
             case RolesChanged(gpus=gpus, role=role):
                 self._switching -= 1
+                self._moving.difference_update(gpus)
                 if role is Role.ROLLOUT:
                     self._to_rollout_gpus = max(0, self._to_rollout_gpus - len(gpus))
                 arrived = set(gpus)
@@ -177,6 +179,7 @@ class Elastic:
     def _send(self, view: ClusterView, gpus: tuple[int, ...], role: Role,
               drain: Drain = Drain.MIGRATE) -> list[Command]:
         self._switching += 1
+        self._moving.update(gpus)
         if role is Role.ROLLOUT:
             self._to_rollout_gpus += len(gpus)
         elif role is Role.TRAIN:
@@ -251,10 +254,12 @@ class Elastic:
         keep = self._trainer_keep(view) if self.staleness else 0
         if not view.engines() and not coming:
             keep = 0  # no engine rolls out: the queue would wait forever
-        spare = (len(tr.gpus) - keep) // tp
+        # (GPUs already sent away stay in TRAIN until their micro-batch ends: not twice)
+        free = tuple(g for g in tr.gpus if g not in self._moving)
+        spare = (len(free) - keep) // tp
         if spare <= 0:
             return []
-        take = tr.gpus[len(tr.gpus) - min(spare, want) * tp:]
+        take = free[len(free) - min(spare, want) * tp:]
         rollout, idle = back_to_rollout(view, take)
         out: list[Command] = []
         if rollout:

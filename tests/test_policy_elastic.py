@@ -7,7 +7,12 @@ import pytest
 
 from rlsched.cluster.commands import Dispatch, OptimizerStep, Reassign, TrainMicroBatch
 from rlsched.cluster.errors import PolicyError
-from rlsched.cluster.events import RolesChanged, RunStarted, TrainStepFinished, TrajectoryFinished
+from rlsched.cluster.events import (
+    RolesChanged,
+    RunStarted,
+    TrainStepFinished,
+    TrajectoryFinished,
+)
 from rlsched.cluster.ids import Role, TrajStatus
 from rlsched.cluster.state import ClusterState, EngineState
 from rlsched.policies import make_policy
@@ -187,3 +192,20 @@ def test_oracle_places_the_truly_longest_first():
     sent = _apply_dispatch(st, ordered.on_event(RolesChanged(cmd.gpus, Role.ROLLOUT), st))
     assert sent[:2] == ["B", "C"] or set(sent[:2]) == {"B", "C"}  # cap 1 x 2 engines: the two longest
     assert len(sent) == 2
+
+
+def test_trainer_gpus_already_sent_back_are_not_sent_twice():
+    """GPUs sent from the trainer to rollout stay in TRAIN until their micro-batch ends; a
+    second Reassign of the same GPUs replaced the first in the driver, whose group then
+    never reported, and the policy waited for it forever (a stall at step 11 of 12 on the
+    growing preset, 64 GPUs, pack=0.5)."""
+    from rlsched.cluster.config import RunConfig
+    from rlsched.sim.cost import CostModel
+    from rlsched.sim.run import simulate
+    from rlsched.sim.workload import Workload
+    from rlsched.traces import draw_batches, generate_trace
+
+    df = generate_trace("longtail-growing", seed=0)
+    out = simulate(Workload.from_frame(df), draw_batches(df, 12, 16), make_policy("elastic:staleness=1,pack=0.5"),
+                   RunConfig(gpus=64, tp=4, steps=12), CostModel())
+    assert out.result.complete
