@@ -112,7 +112,7 @@ class Elastic:
         self._in_micro = 0  # trajectories of _train_step sent to micro-batches
         self._opt_sent = False
         self._switching = 0  # Reassign commands not yet reported by RolesChanged
-        self._to_rollout_gpus = 0  # GPUs switching to rollout
+        self._to_rollout: set[int] = set()  # GPUs sent to rollout, not yet there
         self._moving: set[int] = set()  # GPUs of Reassigns not yet reported by RolesChanged
         self._to_train: dict[tuple[int, ...], float] = {}  # GPUs switching to train: issued at
         self._arrived = -1.0  # when the newest group that joined the trainer was sent
@@ -126,11 +126,10 @@ class Elastic:
     def on_event(self, event: Event, view: ClusterView) -> Sequence[Command]:
         cmds: list[Command] = []
         match event:
-            case RolesChanged(gpus=gpus, role=role):
+            case RolesChanged(gpus=gpus):
                 self._switching -= 1
                 self._moving.difference_update(gpus)
-                if role is Role.ROLLOUT:
-                    self._to_rollout_gpus = max(0, self._to_rollout_gpus - len(gpus))
+                self._to_rollout.difference_update(gpus)
                 arrived = set(gpus)
                 for key in [k for k in self._to_train if arrived.intersection(k)]:
                     # (a failure may have taken some of a group's GPUs: match by overlap)
@@ -164,7 +163,7 @@ class Elastic:
         self._requeue_interrupted(view)
         placed = self._queue.place(view, self._cap, self._min_version,
                                    self._predictor.remaining if self.order == "longest" else None,
-                                   hold=self._to_rollout_gpus // view.tp)
+                                   hold=self._coming(view) // view.tp)
         cmds += placed
         cmds += self._reclaim(view, tr)
         leaving = {g for c in cmds if isinstance(c, Reassign) and c.role is not Role.TRAIN for g in c.gpus}
@@ -181,7 +180,7 @@ class Elastic:
         self._switching += 1
         self._moving.update(gpus)
         if role is Role.ROLLOUT:
-            self._to_rollout_gpus += len(gpus)
+            self._to_rollout.update(gpus)
         elif role is Role.TRAIN:
             self._to_train[gpus] = view.now
         self._meter.switch_sent(gpus, view.now)
@@ -207,6 +206,15 @@ class Elastic:
             return 0
         engines = view.num_gpus // view.tp
         return min(engines - 1, max(1, round(self.train_share * engines))) * view.tp
+
+    def _coming(self, view: ClusterView) -> int:
+        """GPUs on their way to rollout (switching, or in the trainer until its micro-batch
+        ends). One a failure took out of its switch never reports: it is forgotten here."""
+        on_way = (Role.SWITCHING, Role.TRAIN)
+        failed = set(view.failed_gpus())
+        self._to_rollout = {g for g in self._to_rollout if view.role(g) in on_way and g not in failed}
+        self._moving = {g for g in self._moving if view.role(g) in on_way and g not in failed}
+        return len(self._to_rollout)
 
     def _min_version(self, step: int) -> int:
         return step - self.staleness
@@ -241,13 +249,13 @@ class Elastic:
         queued = len(self._queue)  # what the engines up now could not take
         if queued <= 0:
             return []
-        stranded = not view.engines() and not self._to_rollout_gpus
+        stranded = not view.engines() and not self._coming(view)
         if not stranded and self._meter.rollout_s is not None and not self._pays(self._meter.rollout_s):
             # a batch's rollout is over before an engine taken back would have paid for
             # its switch: the queue goes to the engines already rolling out
             self._cap = 1 << 30
             return []
-        coming = self._to_rollout_gpus // tp
+        coming = self._coming(view) // tp
         want = math.ceil(queued / min(self._cap, self._even)) - coming  # engines it still needs
         if want <= 0:
             return []
