@@ -126,15 +126,13 @@ class Elastic:
     def on_event(self, event: Event, view: ClusterView) -> Sequence[Command]:
         cmds: list[Command] = []
         match event:
+            case RolesChanged(gpus=gpus, role=Role.ROLLOUT):
+                self._switching -= 1
+                self._arrive(gpus, view)
+                cmds += self._refresh(view, gpus)
             case RolesChanged(gpus=gpus):
                 self._switching -= 1
-                self._moving.difference_update(gpus)
-                self._to_rollout.difference_update(gpus)
-                arrived = set(gpus)
-                for key in [k for k in self._to_train if arrived.intersection(k)]:
-                    # (a failure may have taken some of a group's GPUs: match by overlap)
-                    self._arrived = max(self._arrived, self._to_train.pop(key))
-                self._meter.switch_done(gpus, view.now)
+                self._arrive(gpus, view)
             case MicroBatchFinished():
                 self._meter.micro_batch_done(view.now)
             case TrajectoryFinished(trajectory=t, status=st) if st in (TrajStatus.DONE, TrajStatus.TIMED_OUT):
@@ -174,6 +172,25 @@ class Elastic:
         if not placed and not self._queue:  # let new work settle before releasing engines
             cmds += self._consolidate(view, tr)
         return cmds
+
+    def _arrive(self, gpus: tuple[int, ...], view: ClusterView) -> None:
+        """GPUs of a Reassign finished their switch."""
+        self._moving.difference_update(gpus)
+        self._to_rollout.difference_update(gpus)
+        arrived = set(gpus)
+        for key in [k for k in self._to_train if arrived.intersection(k)]:
+            # (a failure may have taken some of a group's GPUs: match by overlap)
+            self._arrived = max(self._arrived, self._to_train.pop(key))
+        self._meter.switch_done(gpus, view.now)
+
+    def _refresh(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
+        """New engines with weights older than the trainer's (a driver may load the weights
+        when the switch starts, and an optimizer step can end meanwhile) get a sync."""
+        version = view.trainer().version
+        engines = view.engines()
+        stale = tuple(sorted({e for e in (view.engine_of(g) for g in gpus)
+                              if e in engines and view.engine(e).version < version}))
+        return [SyncWeights(stale)] if stale else []
 
     def _send(self, view: ClusterView, gpus: tuple[int, ...], role: Role,
               drain: Drain = Drain.MIGRATE) -> list[Command]:

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from rlsched.cluster.commands import Dispatch, OptimizerStep, Reassign, TrainMicroBatch
+from rlsched.cluster.commands import Dispatch, OptimizerStep, Reassign, SyncWeights, TrainMicroBatch
 from rlsched.cluster.errors import PolicyError
 from rlsched.cluster.events import (
     RolesChanged,
@@ -209,3 +209,20 @@ def test_trainer_gpus_already_sent_back_are_not_sent_twice():
     out = simulate(Workload.from_frame(df), draw_batches(df, 12, 16), make_policy("elastic:staleness=1,pack=0.5"),
                    RunConfig(gpus=64, tp=4, steps=12), CostModel())
     assert out.result.complete
+
+
+def test_an_engine_that_opens_with_old_weights_is_synced():
+    # a driver may load the weights when a switch starts; if an optimizer step ends during
+    # the switch, the engine opens one version behind and must be synced to serve new work
+    st, pol = _rolling_out(8, 1, 8, "elastic:staleness=1", steps=3)
+    trainer = st.gpus_in(Role.TRAIN)
+    g = trainer[-1]
+    st.roles[g] = Role.ROLLOUT
+    st.add_engine(EngineState(g, (g,), 0, 1000))  # opens holding version 0
+    st.version = 1
+    pol._switching += 1
+    cmds = pol.on_event(RolesChanged((g,), Role.ROLLOUT), st)
+    assert SyncWeights((g,)) in cmds
+    st.engines_[g].version = 1  # an engine already current is not synced again
+    pol._switching += 1
+    assert not [c for c in pol.on_event(RolesChanged((g,), Role.ROLLOUT), st) if isinstance(c, SyncWeights)]
