@@ -1,20 +1,28 @@
 """``elastic``: move GPUs between rollout and training as the load shifts.
 
-Every step starts with every GPU rolling out. As trajectories finish, the step enters its
-long tail: the live trajectories no longer need every engine. The policy then packs them
-onto fewer engines -- in-flight trajectories keep going, their context migrating (or
-their engine finishing the current turn first, per ``drain``) -- and hands the freed GPUs
-to the trainer, which trains the step's already-finished trajectories as streamed
-micro-batches. Gradients accumulate, so with ``staleness=0`` the optimizer step is the one
-colocated would take, on the same trajectories at the same version. After the optimizer
-step the trainer's GPUs return to rollout (the switch loads the new weights), the engines
-that stayed receive them by a sync, and the next step starts on every GPU.
+A reconciliation loop: on every event the policy compares what the cluster does with
+what it should do, and issues only the difference. What it should do:
 
-With ``staleness`` k >= 1 the next batches (up to version + k) are dispatched as soon as
-the weights allow, so freed engines pick up the next batch's rollout while the tail of the
-previous one finishes; the trainer is then sized to the training backlog instead of the
-tail alone. The policy is a reconciliation loop: on every event it compares what the
-cluster is doing with what it should do and issues only the difference.
+* **Roll out what the weights allow, spread out, longest first.** Batch s may roll out
+  once engines hold weights s-k (``staleness`` k). Its trajectories wait in the policy's
+  own queue (:class:`~rlsched.policies.placement.LateQueue`) and are placed one by one on
+  the least loaded engine with room (``pack``), the longest predicted first
+  (:mod:`~rlsched.policies.predict`: the group's finished siblings and the trajectory's
+  own progress; nothing about the future). An engine that empties takes queued work.
+* **Train what has finished, as it finishes.** The trainer streams micro-batches of the
+  step it is on at its current width; the optimizer step follows the step's last one,
+  so with k=0 it is the step colocated would take, on the same trajectories.
+* **Give the trainer the GPUs rollout no longer needs, and only when it has work.** An
+  engine goes to training when the trainer has finished work waiting and the live
+  trajectories fit on the other engines without crowding them (``kv_limit``: decode on
+  an engine slows with every token of KV it holds, so the tail is never packed).
+* **Take GPUs back when a batch needs them.** When a new batch is released the engines
+  it needs for its spread come back from the trainer (as soon as its micro-batch ends);
+  with a backlog to train the trainer keeps ``train_share`` of the GPUs.
+
+With k=0 this is colocated's schedule plus training that starts in the tail; with k >= 1
+batch s+1 is released the moment weights s+1-k exist and its rollout overlaps the
+training of batch s.
 """
 
 from __future__ import annotations
@@ -24,26 +32,24 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from rlsched.cluster.commands import (
-    Command,
-    Dispatch,
-    OptimizerStep,
-    Reassign,
-    SyncWeights,
-    TrainMicroBatch,
-)
+from rlsched.cluster.commands import Command, OptimizerStep, Reassign, SyncWeights, TrainMicroBatch
 from rlsched.cluster.events import (
     Event,
+    MicroBatchFinished,
     RolesChanged,
     TrainStepFinished,
+    TrajectoryFinished,
     WeightsSynced,
     WorkerRecovered,
 )
-from rlsched.cluster.ids import Drain, Role
+from rlsched.cluster.ids import Drain, Role, TrajStatus
 from rlsched.cluster.policy import Param
 from rlsched.cluster.view import ClusterView, TrainerInfo
 
 from .common import back_to_rollout, idle_engines, usable
+from .meter import Meter
+from .placement import LateQueue, per_engine_cap
+from .predict import LengthPredictor
 from .registry import register
 
 
@@ -51,29 +57,36 @@ from .registry import register
 class Elastic:
     name: ClassVar[str] = "elastic"
     params: ClassVar[tuple[Param, ...]] = (
-        Param("tail", "float", 0.5, "start consolidating once fewer than this share of the "
-              "step's trajectories are still live (0: only once none is)", low=0.0, high=1.0),
-        Param("pack", "float", 1.0, "when consolidating, load engines up to this multiple of "
-              "the step's starting trajectories per engine", low=0.1, high=64.0),
-        Param("kv_limit", "float", 0.25, "and keep each remaining engine's KV cache below this "
-              "share of its capacity (decode slows as KV grows)", low=0.01, high=1.0),
-        Param("min_engines", "int", 1, "never shrink rollout below this many engines while the "
-              "step rolls out (once it is over: none with staleness 0, all but one otherwise, "
-              "so training gets GPUs)", low=1, high=4096),
+        Param("tail", "float", 1.0, "hand engines to training only once fewer than this share "
+              "of the oldest rolling step's trajectories are live (1: whenever an engine is not "
+              "needed; 0: only once none is)", low=0.0, high=1.0),
+        Param("pack", "float", 1.0, "an engine holds at most this multiple of an even spread, "
+              "over all engines, of the batches the staleness lets roll out at once (k+1)",
+              low=0.1, high=64.0),
+        Param("kv_limit", "float", 0.05, "keep enough engines that each holds at most this share "
+              "of its KV capacity (decode slows as KV grows: small keeps the tail fast)",
+              low=0.01, high=1.0),
+        Param("min_engines", "int", 1, "never shrink rollout below this many engines while a "
+              "step rolls out (once none does: none with staleness 0, one otherwise)",
+              low=1, high=4096),
         Param("drain", "choice", "migrate", "what in-flight trajectories on a released engine do",
               choices=tuple(d.value for d in Drain)),
         Param("staleness", "int", 0, "k: batch s may be generated by weights s-k (0: on-policy)",
               low=0, high=8, tunable=False),
-        Param("train_share", "float", 0.25, "with staleness >= 1: the least share of GPUs the "
-              "trainer takes while a whole batch waits for training", low=0.0, high=0.95),
+        Param("train_share", "float", 0.25, "with staleness >= 1: the share of GPUs the trainer "
+              "keeps, while it has finished work to train, when a new batch takes engines back",
+              low=0.0, high=0.95),
         Param("micro", "int", 1, "trajectories per trainer GPU in one micro-batch (a "
               "micro-batch runs on the GPUs the trainer has when it starts)", low=1, high=4096),
+        Param("order", "choice", "longest", "which queued trajectory is placed first: the "
+              "longest predicted (from finished siblings and own progress) or trace order",
+              choices=("longest", "fifo")),
     )
     defers = False
 
-    def __init__(self, tail: float = 0.5, pack: float = 1.0, kv_limit: float = 0.25,
+    def __init__(self, tail: float = 1.0, pack: float = 1.0, kv_limit: float = 0.05,
                  min_engines: int = 1, drain: str = "migrate", staleness: int = 0,
-                 train_share: float = 0.25, micro: int = 1) -> None:
+                 train_share: float = 0.25, micro: int = 1, order: str = "longest") -> None:
         self.tail = tail
         self.pack = pack
         self.kv_limit = kv_limit
@@ -82,204 +95,330 @@ class Elastic:
         self.staleness = staleness
         self.train_share = train_share
         self.micro = micro
+        self.order = order
         self.reset(None, random.Random(0))  # type: ignore[arg-type]
 
     @property
     def max_staleness(self) -> int:
         return self.staleness
 
+    def _lengths(self) -> LengthPredictor:
+        """The length predictor (the oracle reference overrides this)."""
+        return LengthPredictor()
+
     def reset(self, view: ClusterView | None, rng: random.Random) -> None:
-        self._dispatched = 0  # batches dispatched
+        self._released = 0  # batches released to the queue
         self._train_step = 0  # batch the trainer is working on (= version it will produce - 1)
         self._in_micro = 0  # trajectories of _train_step sent to micro-batches
         self._opt_sent = False
         self._switching = 0  # Reassign commands not yet reported by RolesChanged
-        self._syncing = False
-        self._engines_version = 0  # weights version every rollout engine holds
-        self._per_engine = 1.0  # trajectories per engine when the newest batch started
+        self._to_rollout: set[int] = set()  # GPUs sent to rollout, not yet there
+        self._moving: set[int] = set()  # GPUs of Reassigns not yet reported by RolesChanged
+        self._to_train: dict[tuple[int, ...], float] = {}  # GPUs switching to train: issued at
+        self._arrived = -1.0  # when the newest group that joined the trainer was sent
+        self._queue = LateQueue()
+        self._predictor = self._lengths()
+        self._cap = 1
+        self._even = 1  # the cap of an even spread (pack=1): how many engines a batch needs
+        self._meter = Meter()
 
     # ------------------------------------------------------------------ events
     def on_event(self, event: Event, view: ClusterView) -> Sequence[Command]:
         cmds: list[Command] = []
         match event:
-            case RolesChanged():
+            case RolesChanged(gpus=gpus, role=Role.ROLLOUT):
                 self._switching -= 1
-            case WeightsSynced(version=v):
-                self._syncing = False
-                self._engines_version = v
+                self._arrive(gpus, view)
+                cmds += self._refresh(view, gpus)
+            case RolesChanged(gpus=gpus):
+                self._switching -= 1
+                self._arrive(gpus, view)
+            case MicroBatchFinished():
+                self._meter.micro_batch_done(view.now)
+            case TrajectoryFinished(trajectory=t, status=st) if st in (TrajStatus.DONE, TrajStatus.TIMED_OUT):
+                info = view.trajectory(t)
+                self._predictor.observe(info.task_id, info.turns_done)
+                if view.unfinished(info.step) == 0 and not self._queue.pending(info.step):
+                    self._meter.batch_done(info.step, view.now)
             case TrainStepFinished(version=v):
                 self._train_step, self._in_micro, self._opt_sent = v, 0, False
                 if v >= view.num_steps:
                     return []
-                cmds += self._after_step(view, v)
+                if view.engines():
+                    cmds.append(SyncWeights())
+            case WeightsSynced():
+                pass
         if isinstance(event, WorkerRecovered | RolesChanged) and view.gpus_in(Role.IDLE):
             back = idle_engines(view)  # failures left whole engines idle: roll out again
             if back and view.gpus_in(Role.ROLLOUT) + view.gpus_in(Role.TRAIN):
-                self._switching += 1
-                cmds.append(Reassign(back, Role.ROLLOUT))
+                cmds += self._send(view, back, Role.ROLLOUT)
         if self._switching == 0 and not view.gpus_in(Role.ROLLOUT) and not view.gpus_in(Role.TRAIN):
             gpus = usable(view, Role.ROLLOUT)  # (every GPU, unless some failed)
-            if gpus:
-                self._switching += 1  # start of the run: every GPU rolls out
-                return [Reassign(gpus, Role.ROLLOUT)]
+            if gpus:  # start of the run: every GPU rolls out (with staleness, but a trainer)
+                return cmds + self._start(view, gpus)
         tr = view.trainer()  # (the view does not change while the policy decides)
-        if not cmds:  # (after a step, _after_step has already sent the trainer's GPUs back)
-            cmds += self._reclaim(view, tr)
-        dispatched = self._dispatch(view, tr) + self._resume(view)
-        cmds += dispatched
+        self._release_batches(view)
+        self._requeue_interrupted(view)
+        placed = self._queue.place(view, self._cap, self._min_version,
+                                   self._predictor.remaining if self.order == "longest" else None,
+                                   hold=self._coming(view) // view.tp)
+        cmds += placed
+        cmds += self._reclaim(view, tr)
         leaving = {g for c in cmds if isinstance(c, Reassign) and c.role is not Role.TRAIN for g in c.gpus}
         if not leaving or leaving.isdisjoint(tr.gpus):
             # (a micro-batch queued while the trainer's GPUs are being handed back would
             # start on whatever GPUs it gets later: wait until it has them)
             cmds += self._train(view, tr)
-        if not dispatched:  # let new work settle on the engines before packing them
+        if not placed and not self._queue:  # let new work settle before releasing engines
             cmds += self._consolidate(view, tr)
         return cmds
 
-    def _after_step(self, view: ClusterView, version: int) -> list[Command]:
-        """New weights exist: refresh the engines that stayed, bring trainer GPUs back."""
-        cmds: list[Command] = []
-        if view.engines():
-            cmds.append(SyncWeights())
-            self._syncing = True
-        else:
-            self._engines_version = version
-        back = view.trainer().gpus
-        ready = version < min(self._dispatched, view.num_steps) and view.unfinished(version) == 0
-        if back and not (self.staleness and ready):
-            # Hand the trainer's GPUs back (unless the next batch is already waiting):
-            # routing is decided at dispatch time, so a batch dispatched while GPUs are
-            # away stays packed on the engines that happened to be up.
-            cmds += self._to_rollout(view, back)
-        return cmds
+    def _arrive(self, gpus: tuple[int, ...], view: ClusterView) -> None:
+        """GPUs of a Reassign finished their switch."""
+        self._moving.difference_update(gpus)
+        self._to_rollout.difference_update(gpus)
+        arrived = set(gpus)
+        for key in [k for k in self._to_train if arrived.intersection(k)]:
+            # (a failure may have taken some of a group's GPUs: match by overlap)
+            self._arrived = max(self._arrived, self._to_train.pop(key))
+        self._meter.switch_done(gpus, view.now)
 
-    def _to_rollout(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
-        """Trainer GPUs back to rollout as whole engines; one whose engine lost a GPU to a
-        failure goes IDLE and rejoins with it (WorkerRecovered). One Reassign without failures."""
-        cmds: list[Command] = []
-        for part, role in zip(back_to_rollout(view, gpus), (Role.ROLLOUT, Role.IDLE), strict=True):
-            if part:
-                self._switching += 1
-                cmds.append(Reassign(part, role))
-        return cmds
+    def _refresh(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
+        """New engines with weights older than the trainer's (a driver may load the weights
+        when the switch starts, and an optimizer step can end meanwhile) get a sync."""
+        version = view.trainer().version
+        engines = view.engines()
+        stale = tuple(sorted({e for e in (view.engine_of(g) for g in gpus)
+                              if e in engines and view.engine(e).version < version}))
+        return [SyncWeights(stale)] if stale else []
+
+    def _send(self, view: ClusterView, gpus: tuple[int, ...], role: Role,
+              drain: Drain = Drain.MIGRATE) -> list[Command]:
+        self._switching += 1
+        self._moving.update(gpus)
+        if role is Role.ROLLOUT:
+            self._to_rollout.update(gpus)
+        elif role is Role.TRAIN:
+            self._to_train[gpus] = view.now
+        self._meter.switch_sent(gpus, view.now)
+        return [Reassign(gpus, role, drain)]
+
+    def _start(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
+        """Every GPU rolls out; with staleness k >= 1 a trainer of ``train_share`` of the
+        GPUs (whole engines) starts at once too, as the asynchronous split does: from the
+        second batch on, training and rollout run side by side, and GPUs that start in
+        the trainer never pay a switch to get there later."""
+        if not self.staleness or view.num_steps < 2:
+            return self._send(view, gpus, Role.ROLLOUT)
+        train = min(self._reserve(view), len(gpus) - view.tp)
+        if train <= 0:
+            return self._send(view, gpus, Role.ROLLOUT)
+        return self._send(view, gpus[:len(gpus) - train], Role.ROLLOUT) + \
+            self._send(view, gpus[len(gpus) - train:], Role.TRAIN)
+
+    def _reserve(self, view: ClusterView) -> int:
+        """GPUs (whole engines) the trainer starts with: ``train_share`` with staleness (at
+        least one engine: overlapping training with rollout is the point of staleness)."""
+        if not self.staleness or view.num_steps < 2:
+            return 0
+        engines = view.num_gpus // view.tp
+        return min(engines - 1, max(1, round(self.train_share * engines))) * view.tp
+
+    def _coming(self, view: ClusterView) -> int:
+        """GPUs on their way to rollout (switching, or in the trainer until its micro-batch
+        ends). One a failure took out of its switch never reports: it is forgotten here."""
+        on_way = (Role.SWITCHING, Role.TRAIN)
+        failed = set(view.failed_gpus())
+        self._to_rollout = {g for g in self._to_rollout if view.role(g) in on_way and g not in failed}
+        self._moving = {g for g in self._moving if view.role(g) in on_way and g not in failed}
+        return len(self._to_rollout)
+
+    def _min_version(self, step: int) -> int:
+        return step - self.staleness
+
+    # ----------------------------------------------------------------- rollout
+    def _release_batches(self, view: ClusterView) -> None:
+        """Queue every batch the trainer's weights allow (s - k <= version)."""
+        last = min(view.trainer().version + self.staleness, view.num_steps - 1)
+        while self._released <= last:
+            batch = view.batch(self._released)
+            self._queue.add(self._released, batch)
+            self._meter.batch_released(self._released, view.now)
+            in_flight = min(self.staleness + 1, view.num_steps)
+            engines = view.num_gpus // view.tp - self._reserve(view) // view.tp
+            self._cap = per_engine_cap(len(batch) * in_flight, engines, self.pack)
+            self._even = per_engine_cap(len(batch) * in_flight, engines, 1.0)
+            self._released += 1
+
+    def _requeue_interrupted(self, view: ClusterView) -> None:
+        """Trajectories a drain or a failure stopped go back to the queue's front; they
+        resume from their last finished turn (this policy trains no partial trajectory)."""
+        for s in range(self._train_step, self._released):
+            stopped = view.interrupted(s)
+            if stopped:
+                self._queue.add(s, stopped, front=True)
 
     def _reclaim(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
-        """Bring back trainer GPUs that have nothing to train until the next batch rolls out.
-
-        :meth:`_after_step` hands back the GPUs the trainer holds when the step ends, but a
-        consolidation issued in the step's last moments can land its GPUs in the trainer
-        *after* that; :meth:`_dispatch` would then wait for them forever (a stall)."""
-        s = self._train_step
-        if s >= view.num_steps or s < self._dispatched or self._opt_sent:
-            return []  # the trainer's step is rolling out (or the run is over)
-        if not tr.gpus or tr.busy or tr.queued_micro_batches or tr.queued_optimizer_steps:
+        """Bring trainer GPUs back to rollout while queued work has no engine to go to."""
+        if not self._queue or not tr.gpus:
             return []
-        return self._to_rollout(view, tr.gpus)
-
-    # ---------------------------------------------------------------- dispatch
-    def _dispatch(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
-        """Dispatch every batch the weights on the engines allow, once engines are settled."""
-        if self._syncing or self._switching or not view.engines():
+        tp = view.tp
+        queued = len(self._queue)  # what the engines up now could not take
+        if queued <= 0:
             return []
-        held = len(tr.gpus)
-        if held > (self.train_share * view.num_gpus if self.staleness else 0):
-            return []  # the trainer's GPUs come back first, so the batch spreads over them
-        cmds: list[Command] = []
-        last = min(self._engines_version + self.staleness, view.num_steps - 1)
-        while self._dispatched <= last:
-            batch = view.batch(self._dispatched)
-            cmds.append(Dispatch(batch))
-            self._per_engine = max(1.0, len(batch) / len(view.engines()))
-            self._dispatched += 1
-        return cmds
-
-    def _resume(self, view: ClusterView) -> list[Command]:
-        """Trajectories interrupted by a drain continue (from their last finished turn) on
-        the engines that remain; they are never trained as partial by this policy."""
-        if not view.engines():
+        stranded = not view.engines() and not self._coming(view)
+        if not stranded and self._meter.rollout_s is not None and not self._pays(self._meter.rollout_s):
+            # a batch's rollout is over before an engine taken back would have paid for
+            # its switch: the queue goes to the engines already rolling out
+            self._cap = 1 << 30
             return []
-        stopped = tuple(t for s in range(self._train_step, self._dispatched) for t in view.interrupted(s))
-        return [Dispatch(stopped)] if stopped else []
+        coming = self._coming(view) // tp
+        want = math.ceil(queued / min(self._cap, self._even)) - coming  # engines it still needs
+        if want <= 0:
+            return []
+        keep = self._trainer_keep(view) if self.staleness else 0
+        if not view.engines() and not coming:
+            keep = 0  # no engine rolls out: the queue would wait forever
+        # (GPUs already sent away stay in TRAIN until their micro-batch ends: not twice)
+        free = tuple(g for g in tr.gpus if g not in self._moving)
+        spare = (len(free) - keep) // tp
+        if spare <= 0:
+            return []
+        take = free[len(free) - min(spare, want) * tp:]
+        rollout, idle = back_to_rollout(view, take)
+        out: list[Command] = []
+        if rollout:
+            out += self._send(view, rollout, Role.ROLLOUT)
+        if idle:
+            out += self._send(view, idle, Role.IDLE)
+        return out
+
+    def _pays(self, seconds: float) -> bool:
+        """Is moving GPUs for work of ``seconds`` worth a switch there and back (as far as
+        measured: before the first switch was timed, it is)?"""
+        sw = self._meter.switch_s
+        return sw is None or seconds > 2.0 * sw
+
+    def _gains(self, view: ClusterView, have: int, add: int) -> bool:
+        """Does the trainer (``have`` GPUs) finish what is ready sooner by more than a
+        switch if ``add`` GPUs join it after their switch (measured times; before the
+        first micro-batch was timed, no: its own GPUs go first)?"""
+        sw = self._meter.switch_s
+        alone = self._ready_seconds(view, have)
+        if sw is None:
+            return alone > 0
+        if alone <= sw:
+            return False
+        joined = sw + (alone - sw) * have / (have + add)
+        return alone - joined > sw
+
+    def _ready_seconds(self, view: ClusterView, gpus: int) -> float:
+        """Seconds the trainer needs, on ``gpus`` GPUs, for the finished work it has not
+        been sent (measured rate; before the first micro-batch was timed, none: the
+        trainer's own GPUs go first, and the next event knows the rate)."""
+        rate = self._meter.train_gpu_s_per_token
+        if rate is None:
+            return 0.0
+        ready = [t for s in range(self._train_step, self._released) for t in view.finished(s)]
+        return sum(view.trajectory(t).tokens for t in ready) * rate / max(1, gpus)
+
+    def _trainer_keep(self, view: ClusterView) -> int:
+        """GPUs the trainer keeps when a new batch takes engines back: enough to train its
+        backlog in about the time the last batch's rollout took (so neither side waits
+        for the other), measured; ``train_share`` of the GPUs until both were measured."""
+        ready = [t for s in range(self._train_step, self._released) for t in view.finished(s)]
+        if not ready:
+            return 0
+        m = self._meter
+        if m.train_gpu_s_per_token is None or not m.rollout_s:
+            return round(self.train_share * view.num_gpus)
+        tokens = sum(view.trajectory(t).tokens for t in ready)
+        need = math.ceil(tokens * m.train_gpu_s_per_token / m.rollout_s)
+        return min(need, view.num_gpus - view.tp)
 
     # ---------------------------------------------------------------- training
+    def _backlog(self, view: ClusterView) -> int:
+        """Finished trajectories the trainer has not been sent yet (its step and later)."""
+        return sum(len(view.finished(s)) for s in range(self._train_step, self._released))
+
     def _train(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
         s = self._train_step
-        if s >= view.num_steps or s >= self._dispatched or self._opt_sent:
+        if s >= view.num_steps or s >= self._released or self._opt_sent:
             return []
-        if not tr.gpus or tr.queued_micro_batches:
-            return []
+        if not tr.gpus or tr.queued_micro_batches or tr.busy:
+            return []  # (sent to an idle trainer: its duration is measured)
+        if any(t <= self._arrived for t in self._to_train.values()):
+            return []  # GPUs sent with those that just joined end their switch now too: wait
         ready = view.finished(s)
         stopped = set(view.interrupted(s))
         if stopped:
             ready = tuple(t for t in ready if t not in stopped)
         if ready:
             # A micro-batch runs on the GPUs the trainer has when it starts; GPUs that join
-            # later wait for the next one. While the trainer grows (engines released one by
-            # one in the tail), a micro-batch of everything ready would hold the first few
-            # GPUs for a whole step's training. Small micro-batches (one long trajectory per
-            # GPU is the usual size) let every GPU that arrives start within one of them.
-            ready = ready[:self.micro * len(tr.gpus)]
+            # later wait for the next one, so micro-batches are small (one trajectory per
+            # GPU by default): every GPU that arrives starts within one of them.
+            # While more GPUs are on their way to the trainer, one trajectory at a time, so
+            # they join within a fraction of one trajectory's training.
+            ready = ready[:1] if self._to_train else ready[:self.micro * len(tr.gpus)]
             self._in_micro += len(ready)
+            tokens = sum(view.trajectory(t).tokens for t in ready)
+            self._meter.micro_batch_sent(len(tr.gpus), tokens, view.now)
             return [TrainMicroBatch(ready)]
-        if view.unfinished(s) == 0 and self._in_micro == len(view.batch(s)) and not tr.busy:
+        whole = view.unfinished(s) == 0 and not self._queue.pending(s)
+        if whole and self._in_micro == len(view.batch(s)):
             self._opt_sent = True
             return [OptimizerStep()]
         return []
 
     # ----------------------------------------------------------- consolidation
     def _consolidate(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
-        """Release engines the live trajectories no longer need, if training can use them."""
-        if self._switching or self._syncing or self._opt_sent:
+        """Release engines the live trajectories do not need, if training can use them."""
+        if self._opt_sent:
             return []
         s = self._train_step
-        if s >= min(self._dispatched, view.num_steps):
+        if s >= min(self._released, view.num_steps):
             return []
         totals = view.rollout_totals()  # (sums without an EngineInfo per engine per event)
         if not totals.engines:
             return []  # every engine failed (WorkerFailed): nothing to release
         live = totals.live + totals.unbound  # (unpinned work waiting for any engine counts)
+        over = live == 0 and all(view.unfinished(x) == 0 for x in range(s, self._released))
         # Rollout over and no GPU trains: unless an engine goes to the trainer now, nothing
-        # ever happens again (tail=0 never sees a tail; min_engines >= engines never
-        # releases one). Training then gets at least one engine.
-        stuck = live == 0 and view.unfinished(s) == 0 and not tr.gpus
-        floor = min(self.min_engines, totals.engines - 1) if stuck else self.min_engines
-        if (self.staleness == 0 and live == 0 and view.unfinished(s) == 0
-                and not view.interrupted(s)):
+        # ever happens again. Training then gets at least one engine.
+        stuck = over and not tr.gpus
+        floor = self.min_engines
+        if over and self._released >= view.num_steps:
+            floor = 0  # nothing left to roll out in this run
+        elif over and self.staleness == 0 and not view.interrupted(s):
             # On-policy and the step's rollout is over: no engine has anything to do until
-            # the optimizer step, so every GPU trains (as colocated does); an engine kept
-            # would idle through the whole training phase to save one switch.
+            # the optimizer step, so every GPU trains (as colocated does).
             floor = 0
+        elif stuck:
+            floor = min(floor, totals.engines - 1)
         if totals.engines <= floor:
             return []
-        if not (self._in_micro or view.finished(s)):
+        if not (self._backlog(view) or (self._in_micro and over)):
             return []  # nothing to train yet: freed GPUs would only wait
         if totals.engines_with_queue or totals.unbound:
             return []  # engines are saturated (KV full): shrinking would only lengthen queues
-        if self.staleness == 0:
-            # on-policy: only the step's own tail can make room
-            if live >= self.tail * len(view.batch(s)) and not stuck:
-                return []
-        elif view.unfinished(s) > 0:
-            return []  # with overlap, engines are busy with the next batch until s is whole
-        # (how many engines to keep needs only sums; an EngineInfo per engine is built only
-        # when some are released, to choose them)
+        oldest = min(range(s, self._released), key=lambda x: (view.unfinished(x) == 0, x))
+        if live >= self.tail * len(view.batch(oldest)) and not over and self.tail < 1.0:
+            return []
         ids = view.engines()
-        kv = totals.kv_used
         cap = view.engine(ids[0]).kv_capacity
-        by_load = math.ceil(live / (self.pack * self._per_engine))
-        by_kv = math.ceil(kv / (self.kv_limit * cap)) if cap else len(ids)
-        keep = max(floor, by_load, by_kv)
-        if self.staleness and not tr.gpus:
-            total = view.num_gpus // view.tp
-            keep = min(keep, total - max(1, round(total * self.train_share)))
-            keep = max(floor, keep)
-        if stuck:
-            keep = min(keep, len(ids) - 1)
+        by_load = math.ceil(live / self._cap)
+        by_kv = math.ceil(totals.kv_used / (self.kv_limit * cap)) if cap else len(ids)
+        busy = sum(1 for _, load in view.engine_loads() if load)
+        keep = max(floor, min(busy, max(by_load, by_kv)))
         release = len(ids) - keep
         if release <= 0:
             return []
         # the least loaded go (of equal loads, the highest ids)
         victims = sorted(view.engine_loads(), key=lambda el: (el[1], -el[0]))[:release]
         gpus = tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
-        self._switching += 1
-        return [Reassign(gpus, Role.TRAIN, Drain(self.drain))]
+        if self.staleness and floor and tr.gpus and not self._gains(view, len(tr.gpus), len(gpus)):
+            # With staleness the engines must come back for the next batch: a move that
+            # saves the trainer less than that switch back loses time (on-policy, every
+            # engine goes to training at the step's end anyway: no extra switch).
+            return []
+        return self._send(view, gpus, Role.TRAIN, Drain(self.drain))

@@ -54,6 +54,10 @@ def gen(
         "--turns-scale", help="Multiply turns per trajectory by this.")] = None,
     tokens_scale: Annotated[float | None, typer.Option(
         "--tokens-scale", help="Multiply all token counts by this.")] = None,
+    growth: Annotated[float | None, typer.Option(
+        "--growth", help="Episodes grow over the run: the last task's turns are this many "
+        "times the first's, rising linearly in file order (1: no drift; preset "
+        "longtail-growing: 3).")] = None,
     like: Annotated[Path | None, typer.Option(
         "--like", help="Fit the generator to this trace (e.g. an imported one) instead of a "
         "preset; --tasks/--samples scale it up.")] = None,
@@ -64,7 +68,7 @@ def gen(
         return
     overrides: dict[str, float] = {}
     for key, value in (("tasks", tasks), ("samples", samples), ("turns_scale", turns_scale),
-                       ("tokens_scale", tokens_scale)):
+                       ("tokens_scale", tokens_scale), ("growth", growth)):
         if value is not None:
             overrides[key] = value
     params = PRESETS.get(preset)

@@ -27,6 +27,7 @@ import pandas as pd
 
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import ConfigError, LiveBackendError, PolicyError
+from rlsched.cluster.ids import TrajStatus
 from rlsched.sim.cost import CostModel
 
 BUSY_STATES = ("generate", "train")
@@ -158,12 +159,23 @@ def evaluate_with(setup: PlanSetup, job: Job) -> Evaluation:
         makespan=span,
         steps_per_hour=3600.0 * job.steps / span if span > 0 and r.complete else 0.0,
         trained_tokens=int(sum(s["trained_tokens"] for s in r.steps)),
-        max_staleness=int(max((s["max_staleness"] for s in r.steps), default=0)),
+        max_staleness=trained_staleness(r.state),
         utilization=busy / (cfg.gpus * span) if span > 0 else 0.0,
         lower_bound=float(out.lower_bound_seconds),
         complete=bool(r.complete),
         wall_seconds=time.perf_counter() - t0,
     )
+
+
+def trained_staleness(state: Any) -> int:
+    """The largest staleness of a trained trajectory, counting only those that kept a
+    generated token (``min_version >= 0``), as ``compare`` (analysis.metrics.staleness)
+    does. A trajectory cut before its first turn finished has no token of any version;
+    the simulator's per-step ``max_staleness`` counted its ``-1`` as version -1, so a
+    ``partial:...,mode=train`` run was listed with staleness 4 here and 0 by compare."""
+    trained = TrajStatus.TRAINED
+    return max((t.trained_version - t.min_version for t in state.trajs.values()
+                if t.status is trained and t.min_version >= 0), default=0)
 
 
 def evaluate(job: Job) -> Evaluation:

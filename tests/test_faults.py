@@ -47,7 +47,10 @@ def gpu_fault(at: float, gpu: int, recover_s: float = 5.0) -> FaultSchedule:
         # engine 1 at 16 (re-prefill is free) and is done at 26; training switch 26-27.
         ("colocated", 27.0),
         ("partial", 27.0),
-        ("elastic", 27.0),
+        # elastic hands engine 1 to the trainer when B finishes (4-5) and trains B there;
+        # the failure then leaves no engine, so GPU 1 switches back (16-17), A resumes
+        # turn 1 there at 17 and is done at 27; training switch 27-28.
+        ("elastic", 28.0),
         # async (1 rollout engine on GPU 0, trainer on GPU 1): no engine is left, so A
         # waits for GPU 0 to recover at 21, its switch back to rollout ends at 22, and
         # turn 1 runs 22-32.

@@ -1,118 +1,228 @@
-"""``elastic`` without a driver: the policy is driven by hand on a real ClusterState."""
+"""``elastic`` without a driver: the policy is driven by hand on a real ClusterState
+(events in, commands out)."""
 
 import random
 
-from rlsched.cluster.commands import Dispatch, Reassign, TrainMicroBatch
-from rlsched.cluster.events import RolesChanged, RunStarted, TrainStepFinished, TrajectoryFinished
+import pytest
+
+from rlsched.cluster.commands import Dispatch, OptimizerStep, Reassign, SyncWeights, TrainMicroBatch
+from rlsched.cluster.errors import PolicyError
+from rlsched.cluster.events import (
+    RolesChanged,
+    RunStarted,
+    TrainStepFinished,
+    TrajectoryFinished,
+)
 from rlsched.cluster.ids import Role, TrajStatus
 from rlsched.cluster.state import ClusterState, EngineState
 from rlsched.policies import make_policy
+from rlsched.policies.oracle import Oracle
 
 
-def _rolling_out(gpus: int, tp: int, n: int, spec: str = "elastic", steps: int = 1) -> tuple[ClusterState, object]:
-    """Every GPU rolls out and the batches the policy's staleness allows (``n``
-    trajectories each, ``T<step*n+i>``) are dispatched, round-robin over the engines."""
-    batches = [[(f"T{s * n + i}", "task") for i in range(n)] for s in range(steps)]
-    pol = make_policy(spec)
+def _apply_dispatch(st: ClusterState, cmds) -> list[str]:
+    sent = []
+    for d in cmds:
+        if not isinstance(d, Dispatch):
+            continue
+        for tid in d.trajectories:
+            e = d.engine if d.engine is not None else st.least_loaded()
+            st.mark_active(tid, TrajStatus.RUNNING, e)
+            es = st.engines_[e]
+            es.enqueue(tid)
+            es.dequeue(admit=True)
+            sent.append(tid)
+    return sent
+
+
+def _rolling_out(gpus: int, tp: int, n: int, spec: str = "elastic", steps: int = 1,
+                 tasks: list[str] | None = None, policy=None) -> tuple[ClusterState, object]:
+    """Every GPU rolls out and the policy places the batches its staleness allows (``n``
+    trajectories each, ``T<step*n+i>``)."""
+    tasks = tasks or ["task"] * n
+    batches = [[(f"T{s * n + i}", tasks[i]) for i in range(n)] for s in range(steps)]
+    pol = policy or make_policy(spec)
     st = ClusterState(gpus, tp, batches, max_staleness=pol.max_staleness)
     pol.reset(st, random.Random(0))
-    (cmd,) = pol.on_event(RunStarted(), st)
+    cmd, *train = pol.on_event(RunStarted(), st)
     assert isinstance(cmd, Reassign) and cmd.role is Role.ROLLOUT
     for g in cmd.gpus:
         st.roles[g] = Role.ROLLOUT
-    for e in range(gpus // tp):
+    for e in sorted({st.engine_of(g) for g in cmd.gpus}):
         st.add_engine(EngineState(e, st.engine_gpus(e), 0, 1000))
-    sent = pol.on_event(RolesChanged(cmd.gpus, Role.ROLLOUT), st)
-    assert all(isinstance(d, Dispatch) for d in sent)
-    tids = [t for d in sent for t in d.trajectories]
+    for t in train:  # with staleness a trainer starts too (train_share of the engines)
+        assert isinstance(t, Reassign) and t.role is Role.TRAIN
+        for g in t.gpus:
+            st.roles[g] = Role.TRAIN
+    sent = list(pol.on_event(RolesChanged(cmd.gpus, Role.ROLLOUT), st))
+    for t in train:
+        sent += pol.on_event(RolesChanged(t.gpus, Role.TRAIN), st)
+    tids = _apply_dispatch(st, sent)
     assert len(tids) == n * min(steps, pol.max_staleness + 1)
-    for i, tid in enumerate(tids):
-        st.mark_active(tid, TrajStatus.RUNNING, i % (gpus // tp))
-        es = st.engines_[i % (gpus // tp)]
-        es.enqueue(tid)
-        es.dequeue(admit=True)
     return st, pol
 
 
-def _finish(st: ClusterState, tid: str) -> None:
+def _finish(st: ClusterState, tid: str, turns: int = 0) -> None:
     st.engines_[st.trajs[tid].engine].discard(tid)
+    st.trajs[tid].turns_done = turns
     st.mark_finished(tid, TrajStatus.DONE)
 
 
-def test_micro_batches_are_sized_to_the_trainer_while_it_grows():
-    # 16 GPUs (8 engines of 2), 32 trajectories; 30 finish, so the policy packs the 2 live
-    # ones and hands the freed engines to the trainer. A micro-batch of all 30 ready
-    # trajectories would hold those few GPUs for the whole step's training while engines
-    # released later wait for it; a micro-batch is one trajectory per trainer GPU.
-    st, pol = _rolling_out(16, 2, 32)
-    for i in range(30):
-        _finish(st, f"T{i}")
-    cmds = pol.on_event(TrajectoryFinished("T29", TrajStatus.DONE, 5), st)
+def _to_train(st: ClusterState, pol, release: Reassign) -> list:
+    for g in release.gpus:
+        e = st.engine_of(g)
+        if e in st.engines_:
+            st.remove_engine(e)
+        st.roles[g] = Role.TRAIN
+    return pol.on_event(RolesChanged(release.gpus, Role.TRAIN), st)
+
+
+def test_a_batch_is_spread_evenly_over_every_engine():
+    st, _ = _rolling_out(16, 2, 32)
+    assert sorted(load for _, load in st.engine_loads()) == [4] * 8
+
+
+def test_an_emptied_engine_goes_to_training_only_when_there_is_work_to_train():
+    st, pol = _rolling_out(8, 2, 8)  # 4 engines, 2 trajectories each
+    on_0 = [t for t, ts in st.trajs.items() if ts.engine == 0]
+    # engine 0 empties, but its trajectories are the only finished ones: there is work
+    for t in on_0:
+        _finish(st, t)
+    cmds = pol.on_event(TrajectoryFinished(on_0[-1], TrajStatus.DONE, 0), st)
     (release,) = [c for c in cmds if isinstance(c, Reassign)]
-    assert release.role is Role.TRAIN and release.drain.value == "migrate"
-    for g in release.gpus:
-        st.roles[g] = Role.TRAIN
-    cmds = pol.on_event(RolesChanged(release.gpus, Role.TRAIN), st)
-    (mb,) = [c for c in cmds if isinstance(c, TrainMicroBatch)]
-    g = len(release.gpus)
-    assert g < 16 and len(mb.trajectories) == g  # micro=1: one trajectory per trainer GPU
-    assert mb.trajectories == tuple(f"T{i}" for i in range(g))  # in finish order
+    assert release.role is Role.TRAIN and release.gpus == st.engine_gpus(0)
+    # the busy engines are kept: the tail is never packed onto fewer engines
+    assert not set(release.gpus) & {g for e in (1, 2, 3) for g in st.engine_gpus(e)}
 
 
-def test_micro_sets_the_micro_batch_size_per_trainer_gpu():
-    st, pol = _rolling_out(16, 2, 32, "elastic:micro=3")
-    for i in range(30):
-        _finish(st, f"T{i}")
-    (release,) = [c for c in pol.on_event(TrajectoryFinished("T29", TrajStatus.DONE, 5), st)
+def test_no_engine_goes_to_training_before_anything_finished():
+    st, pol = _rolling_out(8, 2, 8)
+    on_0 = [t for t, ts in st.trajs.items() if ts.engine == 0]
+    for t in on_0:  # engine 0 empties by an interrupt: nothing finished to train
+        st.engines_[0].discard(t)
+        st.mark_finished(t, TrajStatus.INTERRUPTED)
+    cmds = pol.on_event(TrajectoryFinished(on_0[-1], TrajStatus.INTERRUPTED, 0), st)
+    assert not [c for c in cmds if isinstance(c, Reassign) and c.role is Role.TRAIN]
+
+
+def test_micro_batches_are_sized_to_the_trainer():
+    st, pol = _rolling_out(16, 2, 32, "elastic:micro=1")
+    on_0 = [t for t, ts in st.trajs.items() if ts.engine == 0]
+    others = [t for t, ts in st.trajs.items() if ts.engine != 0][:16]
+    for t in [*on_0, *others]:
+        _finish(st, t)
+    (release,) = [c for c in pol.on_event(TrajectoryFinished(on_0[-1], TrajStatus.DONE, 0), st)
                   if isinstance(c, Reassign)]
-    for g in release.gpus:
-        st.roles[g] = Role.TRAIN
-    (mb,) = [c for c in pol.on_event(RolesChanged(release.gpus, Role.TRAIN), st)
-             if isinstance(c, TrainMicroBatch)]
-    assert len(mb.trajectories) == min(30, 3 * len(release.gpus))
+    ready = len(st.finished(0))
+    (mb,) = [c for c in _to_train(st, pol, release) if isinstance(c, TrainMicroBatch)]
+    assert ready > len(release.gpus) and len(mb.trajectories) == len(release.gpus)  # one per GPU
 
 
-def test_no_micro_batch_is_queued_for_trainer_gpus_that_are_leaving():
-    # staleness 1: batches 0 and 1 roll out together; batch 0 is trained on GPUs 6-7 (the
-    # engines the tail freed) while 4 of batch 1 are still rolling out. When step 0's
-    # optimizer step ends, the trainer's GPUs go back to rollout; a micro-batch of batch 1
-    # queued in that same moment would wait for the trainer's *next* GPUs and then hold
-    # however few those are for all of it. It waits for them instead.
-    st, pol = _rolling_out(8, 1, 8, "elastic:staleness=1", steps=2)
-    for i in [*range(8), 12, 13, 14, 15]:  # T8-T11 still run, on engines 0-3
-        _finish(st, f"T{i}")
-    for e in (6, 7):
-        assert not st.engines_[e].running
+def test_on_policy_every_gpu_trains_once_the_rollout_is_over_then_all_return():
+    st, pol = _rolling_out(8, 2, 8, steps=2)
+    for t in list(st.batch(0)):
+        _finish(st, t)
+    cmds = pol.on_event(TrajectoryFinished("T7", TrajStatus.DONE, 3), st)
+    (release,) = [c for c in cmds if isinstance(c, Reassign)]
+    assert release.role is Role.TRAIN and set(release.gpus) == set(range(8))
+    cmds = _to_train(st, pol, release)
+    (mb,) = [c for c in cmds if isinstance(c, TrainMicroBatch)]
+    for t in mb.trajectories:
+        st.trajs[t].in_micro_batch = True
+    st.mark_trained(mb.trajectories, 0)
+    # the optimizer step follows the last micro-batch
+    assert any(isinstance(c, OptimizerStep) for c in pol.on_event(TrajectoryFinished("T7", TrajStatus.DONE, 3), st))
+    st.version = 1
+    cmds = pol.on_event(TrainStepFinished(1), st)
+    (back,) = [c for c in cmds if isinstance(c, Reassign)]
+    assert back.role is Role.ROLLOUT and set(back.gpus) == set(range(8))  # batch 1 spreads again
+
+
+def test_with_staleness_a_trainer_starts_beside_the_rollout():
+    # staleness 1, 8 engines of 1 GPU: train_share=0.25 gives the trainer 2 engines from
+    # the start (as the asynchronous split does); the two batches spread over the other 6
+    st, _ = _rolling_out(8, 1, 8, "elastic:staleness=1", steps=3)
+    assert st.gpus_in(Role.TRAIN) == (6, 7)
+    assert sum(load for _, load in st.engine_loads()) == 16
+    assert max(load for _, load in st.engine_loads()) <= 3  # cap: 16 over 6 engines
+
+
+def test_a_new_batch_takes_back_the_engines_it_needs_and_the_trainer_keeps_the_rest():
+    # batch 0 trained (version 1), batch 1 has finished work waiting: batch 2 (8
+    # trajectories, at most 3 per engine) is released and takes back 3 engines from the
+    # trainer (which holds all 8 GPUs); the trainer keeps the others for batch 1
+    st, pol = _rolling_out(8, 1, 8, "elastic:staleness=1", steps=3)
+    for t in [*st.batch(0), "T8", "T9", "T10", "T11"]:
+        _finish(st, t)
+    for e in range(6):
+        for t in list(st.engines_[e].running):
+            st.engines_[e].discard(t)
         st.remove_engine(e)
         st.roles[e] = Role.TRAIN
     pol._switching = 0
-    pol._train_step, pol._in_micro, pol._opt_sent = 0, 8, True  # step 0 trained, optimizer sent
-    for tid in [f"T{i}" for i in range(8)]:
+    pol._train_step, pol._in_micro, pol._opt_sent = 0, 8, True
+    for tid in st.batch(0):
         st.trajs[tid].in_micro_batch = True
-    st.mark_trained([f"T{i}" for i in range(8)], 0)
+    st.mark_trained(st.batch(0), 0)
     st.version = 1
     cmds = pol.on_event(TrainStepFinished(1), st)
     back = [c for c in cmds if isinstance(c, Reassign)]
-    assert back and back[0].role is Role.ROLLOUT and set(back[0].gpus) == {6, 7}
-    assert not [c for c in cmds if isinstance(c, TrainMicroBatch)]
+    assert len(back) == 1 and back[0].role is Role.ROLLOUT and len(back[0].gpus) == 3
 
 
-def test_on_policy_every_gpu_trains_once_the_rollout_is_over():
-    # min_engines=2 keeps 2 engines through the tail; when the last trajectory finishes
-    # nothing can roll out before the optimizer step, so those go to the trainer too.
-    st, pol = _rolling_out(8, 2, 8, "elastic:min_engines=2")
-    for i in range(7):
-        _finish(st, f"T{i}")
-    for c in pol.on_event(TrajectoryFinished("T6", TrajStatus.DONE, 2), st):
-        if isinstance(c, Reassign):
-            for g in c.gpus:
-                st.roles[g] = Role.TRAIN
-                if st.engine_of(g) in st.engines_:
-                    st.remove_engine(st.engine_of(g))
-            pol.on_event(RolesChanged(c.gpus, Role.TRAIN), st)
-    assert len(st.engines()) == 2  # the tail keeps min_engines
-    _finish(st, "T7")
-    cmds = pol.on_event(TrajectoryFinished("T7", TrajStatus.DONE, 3), st)
-    (release,) = [c for c in cmds if isinstance(c, Reassign)]
-    assert release.role is Role.TRAIN
-    assert set(release.gpus) == {g for e in st.engines() for g in st.engine_gpus(e)}
+def test_oracle_needs_the_true_lengths():
+    with pytest.raises(PolicyError, match="true number of turns"):
+        Oracle()
+
+
+def test_oracle_places_the_truly_longest_first():
+    lengths = {f"T{i}": i for i in range(8)}  # T7 the longest
+    oracle = Oracle.from_lengths(lengths, pack=0.25)  # cap 1 per engine: 2 engines, 2 placed
+    st, _ = _rolling_out(4, 2, 2, policy=oracle)
+    placed = {t for t, ts in st.trajs.items() if ts.status is TrajStatus.RUNNING}
+    assert placed == {"T0", "T1"}  # (n=2: both fit; the order matters below)
+    ordered = Oracle.from_lengths({"A": 3, "B": 50, "C": 7, "D": 1}, pack=0.5)
+    batches = [[("A", "a"), ("B", "b"), ("C", "c"), ("D", "d")]]
+    st = ClusterState(4, 2, batches, max_staleness=0)
+    ordered.reset(st, random.Random(0))
+    (cmd,) = ordered.on_event(RunStarted(), st)
+    for g in cmd.gpus:
+        st.roles[g] = Role.ROLLOUT
+    for e in range(2):
+        st.add_engine(EngineState(e, st.engine_gpus(e), 0, 1000))
+    sent = _apply_dispatch(st, ordered.on_event(RolesChanged(cmd.gpus, Role.ROLLOUT), st))
+    assert sent[:2] == ["B", "C"] or set(sent[:2]) == {"B", "C"}  # cap 1 x 2 engines: the two longest
+    assert len(sent) == 2
+
+
+def test_trainer_gpus_already_sent_back_are_not_sent_twice():
+    """GPUs sent from the trainer to rollout stay in TRAIN until their micro-batch ends; a
+    second Reassign of the same GPUs replaced the first in the driver, whose group then
+    never reported, and the policy waited for it forever (a stall at step 11 of 12 on the
+    growing preset, 64 GPUs, pack=0.5)."""
+    from rlsched.cluster.config import RunConfig
+    from rlsched.sim.cost import CostModel
+    from rlsched.sim.run import simulate
+    from rlsched.sim.workload import Workload
+    from rlsched.traces import draw_batches, generate_trace
+
+    df = generate_trace("longtail-growing", seed=0)
+    out = simulate(Workload.from_frame(df), draw_batches(df, 12, 16), make_policy("elastic:staleness=1,pack=0.5"),
+                   RunConfig(gpus=64, tp=4, steps=12), CostModel())
+    assert out.result.complete
+
+
+def test_an_engine_that_opens_with_old_weights_is_synced():
+    # a driver may load the weights when a switch starts; if an optimizer step ends during
+    # the switch, the engine opens one version behind and must be synced to serve new work
+    st, pol = _rolling_out(8, 1, 8, "elastic:staleness=1", steps=3)
+    trainer = st.gpus_in(Role.TRAIN)
+    g = trainer[-1]
+    st.roles[g] = Role.ROLLOUT
+    st.add_engine(EngineState(g, (g,), 0, 1000))  # opens holding version 0
+    st.version = 1
+    pol._switching += 1
+    cmds = pol.on_event(RolesChanged((g,), Role.ROLLOUT), st)
+    assert SyncWeights((g,)) in cmds
+    st.engines_[g].version = 1  # an engine already current is not synced again
+    pol._switching += 1
+    assert not [c for c in pol.on_event(RolesChanged((g,), Role.ROLLOUT), st) if isinstance(c, SyncWeights)]

@@ -36,7 +36,12 @@ def _draw_turns(rng: np.random.Generator, p: GenParams, n_traj: int,
     body = _lognormal(rng, p.turns_median, p.turns_sigma, n_traj)
     tail = _lognormal(rng, p.long_turns_median, p.long_turns_sigma, n_traj)
     is_long = rng.random(n_traj) < p.long_frac
-    return np.where(is_long, tail, body) * task_factor[task_of] * p.turns_scale
+    turns = np.where(is_long, tail, body) * task_factor[task_of] * p.turns_scale
+    if p.growth != 1.0 and n_tasks > 1:
+        # Episodes grow over the run: steps draw tasks in file order, so task k's lengths
+        # are scaled by a factor rising linearly from 1 (first task) to ``growth`` (last).
+        turns = turns * (1.0 + (p.growth - 1.0) * task_of / (n_tasks - 1))
+    return turns
 
 
 def _starts(lengths: np.ndarray) -> np.ndarray:

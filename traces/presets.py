@@ -47,6 +47,12 @@ class GenParams:
 
     ``turns_scale`` and ``tokens_scale`` multiply the turn counts and all token counts
     (handy to shrink or stretch a preset without editing it).
+
+    ``growth`` makes episodes grow over the run, as a learning policy's do: the turn counts
+    of task k (file order, which is the order a run's steps draw tasks in) are multiplied
+    by a factor rising linearly from 1 for the first task to ``growth`` for the last (1:
+    no drift). Size the pool to the run (tasks = steps x tasks per step): a run that
+    wraps around the pool starts over at short episodes.
     """
 
     tasks: int = 64
@@ -82,6 +88,7 @@ class GenParams:
     success_concentration: float = 1.0
     turns_scale: float = 1.0
     tokens_scale: float = 1.0
+    growth: float = 1.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -104,7 +111,7 @@ class GenParams:
                      "tool_tokens_median", "output_tokens_median", "env_seconds_median",
                      "env_slow_median", "tool_tail_min", "tool_tail_alpha", "env_seconds_cap",
                      "max_env_seconds", "success_concentration", "turns_scale",
-                     "tokens_scale"):
+                     "tokens_scale", "growth"):
             value = getattr(self, name)
             if value <= 0:
                 raise ConfigError(f"GenParams.{name}={value!r} — expected a number > 0")
@@ -151,6 +158,11 @@ PRESETS: dict[str, GenParams] = {
         max_context_tokens=1_000_000,
         max_env_seconds=8 * 3600.0,
     ),
+    # Drift: the long-tail shape, with episodes (turns) growing 3x from the first task to
+    # the last, as response lengths grow during RL training (traces/SOURCES.md); its limits
+    # (turns, context) are 3x longtail-small's so that the growth is not cut off. 192
+    # tasks: 12 steps of 16 tasks x 8 samples without wrapping around the pool.
+    "longtail-growing": GenParams(tasks=192, growth=3.0, max_turns=750, max_context_tokens=393_216),
     # Every trajectory identical in length, tokens and time; no branching, no truncation.
     # Useful where colocated and asynchronous schedules must tie.
     "uniform": GenParams(

@@ -1,0 +1,172 @@
+"""Issue 23 bench: does elastic reach its bound, and never lose to a baseline?
+
+One command. For each trace and cluster size, every policy replays the same tasks on the
+same (default) cost model with the same trajectory-processor setting, for ``--steps``
+steps (>= 12: 4-step runs are dominated by the first batch's warm-up):
+
+* baselines with their own best parameters: colocated (staleness 0); async swept over
+  ``rollout_fraction`` 0.25..0.75 at staleness 0 and 1; partial (resume: staleness 1)
+  swept over ``finish_fraction``;
+* elastic at staleness 0 and 1 (defaults: what a user who reads nothing else gets);
+* ``oracle`` (elastic placing by the trace's true lengths): an upper reference only;
+* an ablation of elastic: length prediction off (``order=fifo``), late binding off
+  (``pack=64``: a batch is bound to engines at once), packing the tail off
+  (``kv_limit=0.01``: only emptied engines leave rollout).
+
+Traces: the shipped long-tail sample, the seed-scale preset (``swe-seed``, turns scaled
+by ``--seed-turns-scale`` to fit the time) and the drift preset (``longtail-growing``);
+16 tasks x 8 samples per step per 64 GPUs. Prints markdown: one table per (trace, GPUs)
+with ratios against colocated and against the best baseline at the same staleness, the
+gap to each policy's own lower bound, then a summary. Run:
+
+    python bench/bench_elastic.py                      # 64, 256, 1024 GPUs (long)
+    python bench/bench_elastic.py --gpus 64 --traces longtail
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from rlsched.cluster.config import RunConfig
+from rlsched.cluster.ids import TrajStatus
+from rlsched.policies import make_policy, parse_spec
+from rlsched.policies.oracle import Oracle
+from rlsched.policies.registry import resolve_params
+from rlsched.sim.cost import CostModel
+from rlsched.sim.run import simulate
+from rlsched.sim.workload import Workload
+from rlsched.traces import draw_batches, generate_trace, load_trace, sample_trace_path, write_trace
+
+FRACTIONS = (0.25, 0.375, 0.5, 0.625, 0.75)
+BASELINES = (["colocated"]
+             + [f"async:rollout_fraction={f},staleness={k}" for k in (0, 1) for f in FRACTIONS]
+             + [f"partial:finish_fraction={f}" for f in (0.5, 0.75, 0.9)])
+ELASTIC = ["elastic", "elastic:staleness=1", "oracle", "oracle:staleness=1"]
+ABLATION = [f"elastic:{a}{',staleness=1' if k else ''}" for k in (0, 1)
+            for a in ("order=fifo", "pack=64", "kv_limit=0.01")]
+_CACHE: dict[tuple, tuple] = {}
+
+
+def _setup(trace: str, steps: int, tasks: int):
+    key = (trace, steps, tasks)
+    if key not in _CACHE:
+        df = load_trace(trace)
+        w = Workload.from_frame(df)
+        b = draw_batches(df, steps, tasks)
+        turns = {rid: int(w.turns[w.index[tid]]) for batch in b for rid, tid in batch}
+        _CACHE[key] = (w, b, turns)
+    return _CACHE[key]
+
+
+def _policy(spec: str, turns: dict[str, int]):
+    if spec.startswith("oracle"):
+        _, raw = parse_spec(spec)
+        return Oracle.from_lengths(turns, **resolve_params(Oracle, raw))
+    return make_policy(spec)
+
+
+def run_one(job: tuple[str, str, int, int, int, bool]) -> dict:
+    trace, spec, gpus, steps, tasks, processor = job
+    w, b, turns = _setup(trace, steps, tasks)
+    policy = _policy(spec, turns)
+    t0 = time.perf_counter()
+    out = simulate(w, b, policy, RunConfig(gpus=gpus, tp=4, steps=steps, processor=processor), CostModel())
+    r = out.result
+    # staleness of trained tokens, as compare counts it (a trajectory with no kept token
+    # has none)
+    stale = max((t.trained_version - t.min_version for t in r.state.trajs.values()
+                 if t.status is TrajStatus.TRAINED and t.min_version >= 0), default=0)
+    return {"spec": spec, "k": policy.max_staleness, "seconds": r.makespan, "complete": r.complete,
+            "bound": out.lower_bound_seconds, "tokens": sum(s["trained_tokens"] for s in r.steps),
+            "stale": stale, "wall": time.perf_counter() - t0}
+
+
+def study(pool: ProcessPoolExecutor, trace: str, label: str, gpus: int, steps: int,
+          processor: bool) -> dict:
+    tasks = 16 * gpus // 64
+    specs = BASELINES + ELASTIC + ABLATION
+    rows = {r["spec"]: r for r in pool.map(run_one, [(trace, s, gpus, steps, tasks, processor) for s in specs])}
+    col = rows["colocated"]
+    best: dict[int, dict] = {}
+    for k in (0, 1):
+        cands = [r for s, r in rows.items() if s in BASELINES and r["k"] == k and r["complete"]]
+        best[k] = min(cands, key=lambda r: r["seconds"])
+    ref_tokens = col["tokens"]
+    print(f"\n### {label}: {gpus} GPUs, {steps} steps, {tasks} tasks x 8 samples per step"
+          f" (processor {'on' if processor else 'off'})\n")
+    print("| policy | k | sim s | steps/h | bound s | gap to bound | vs colocated | vs best baseline same k | tokens vs colocated | max stale |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    shown = [best[0]["spec"], best[1]["spec"], *ELASTIC, *ABLATION]
+    for s in dict.fromkeys(["colocated", *shown]):
+        r = rows[s]
+        k = min(r["k"], 1)
+        tag = f" (best k={k} baseline)" if s in (best[0]["spec"], best[1]["spec"]) else ""
+        tag += " (upper reference)" if s.startswith("oracle") else ""
+        print(f"| {s}{tag} | {r['k']} | {r['seconds']:.0f} | {3600 * steps / r['seconds']:.3f} | "
+              f"{r['bound']:.0f} | {100 * (r['seconds'] / r['bound'] - 1):.1f}% | "
+              f"{col['seconds'] / r['seconds']:.3f}x | {best[k]['seconds'] / r['seconds']:.3f}x | "
+              f"{100 * (r['tokens'] / ref_tokens - 1):+.2f}% | {r['stale']} |")
+    off = [s for s, r in rows.items() if abs(r["tokens"] - ref_tokens) > 0.01 * ref_tokens]
+    bad = [s for s, r in rows.items() if r["stale"] > r["k"] or not r["complete"]]
+    print(f"\ntrained tokens within 1% of colocated: {'all' if not off else 'NOT ' + ', '.join(off)}; "
+          f"staleness within each policy's bound and every run complete: {'yes' if not bad else 'NO: ' + ', '.join(bad)}")
+    print("async sweep (s): " + ", ".join(f"{s.split(':')[1]}={rows[s]['seconds']:.0f}" for s in BASELINES if s.startswith("async")))
+    el0, el1 = rows["elastic"], rows["elastic:staleness=1"]
+    return {"label": label, "gpus": gpus,
+            "k0_vs_col": col["seconds"] / el0["seconds"], "k0_bound_allows": col["seconds"] / el0["bound"],
+            "k0_gap": el0["seconds"] / el0["bound"] - 1,
+            "k1_vs_best": best[1]["seconds"] / el1["seconds"], "k1_bound_allows": best[1]["seconds"] / el1["bound"],
+            "k1_gap": el1["seconds"] / el1["bound"] - 1, "best1": best[1]["spec"],
+            "oracle1_vs_best": best[1]["seconds"] / rows["oracle:staleness=1"]["seconds"],
+            "wall": sum(r["wall"] for r in rows.values())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpus", default="64,256,1024", help="cluster sizes, comma-separated")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--traces", default="longtail,seed,growing", help="any of longtail, seed, growing")
+    ap.add_argument("--seed-turns-scale", type=float, default=0.25,
+                    help="turns of the swe-seed preset are scaled by this to fit the time")
+    ap.add_argument("--processor", action="store_true", help="train through the trajectory processor (all policies)")
+    ap.add_argument("--workers", type=int, default=2)
+    a = ap.parse_args()
+    if a.steps < 12:
+        ap.error("--steps must be >= 12 (shorter runs measure the first batch's warm-up)")
+    t0 = time.time()
+    sizes = [int(g) for g in a.gpus.split(",")]
+    summary: list[dict] = []
+    with tempfile.TemporaryDirectory() as d, ProcessPoolExecutor(a.workers) as pool:
+        for name in a.traces.split(","):
+            for gpus in sizes:
+                tasks = a.steps * 16 * gpus // 64
+                if name == "longtail":
+                    path, label = str(sample_trace_path()), "longtail-small (shipped; its 64 tasks repeat)"
+                elif name == "seed":
+                    path = str(Path(d) / f"seed-{gpus}.parquet")
+                    write_trace(generate_trace("swe-seed", seed=0, tasks=tasks, turns_scale=a.seed_turns_scale), path)
+                    label = f"swe-seed (turns x{a.seed_turns_scale:g})"
+                elif name == "growing":
+                    path = str(Path(d) / f"growing-{gpus}.parquet")
+                    write_trace(generate_trace("longtail-growing", seed=0, tasks=tasks), path)
+                    label = "longtail-growing (episodes grow over the run)"
+                else:
+                    ap.error(f"--traces: unknown trace {name!r}")
+                summary.append(study(pool, path, label, gpus, a.steps, a.processor))
+    print("\n### Summary (elastic defaults; ratios are speed-ups in steps/hour)\n")
+    print("| trace | GPUs | k=0: elastic / colocated | k=0: bound allows | k=0 gap to bound | "
+          "k=1: elastic / best baseline | k=1: bound allows | k=1 gap to bound | oracle k=1 / best | best k=1 baseline |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for s in summary:
+        print(f"| {s['label']} | {s['gpus']} | {s['k0_vs_col']:.3f}x | {s['k0_bound_allows']:.3f}x | "
+              f"{100 * s['k0_gap']:.1f}% | {s['k1_vs_best']:.3f}x | {s['k1_bound_allows']:.3f}x | "
+              f"{100 * s['k1_gap']:.1f}% | {s['oracle1_vs_best']:.3f}x | {s['best1']} |")
+    print(f"\nbench wall time: {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

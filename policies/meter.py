@@ -1,0 +1,57 @@
+"""What a policy can measure about the cluster by watching it: how long a role switch
+takes, how many GPU-seconds training costs per token, how long a batch's rollout lasts.
+
+Moving GPUs pays only when it saves more than the switch costs, and sizing the trainer
+needs its speed; neither is in the view (the cost model belongs to the driver). A real
+scheduler times what it sees, so the policy does too: every figure here comes from event
+times (``view.now``) of this run, and is ``None`` until it was first seen.
+"""
+
+from __future__ import annotations
+
+from rlsched.cluster.ids import GpuId
+
+
+class Meter:
+    """Running measurements of one run (the newest observation wins: the workload drifts)."""
+
+    def __init__(self) -> None:
+        self._switches: dict[tuple[GpuId, ...], float] = {}
+        self.switch_s: float | None = None
+        self._mb: tuple[float, int, int] | None = None  # (started, GPUs, tokens)
+        self.train_gpu_s_per_token: float | None = None
+        self._released: dict[int, float] = {}
+        self.rollout_s: float | None = None
+
+    # ---------------------------------------------------------------- switches
+    def switch_sent(self, gpus: tuple[GpuId, ...], now: float) -> None:
+        self._switches[gpus] = now
+
+    def switch_done(self, gpus: tuple[GpuId, ...], now: float) -> None:
+        arrived = set(gpus)
+        for key in [k for k in self._switches if arrived.intersection(k)]:
+            sent = self._switches.pop(key)
+            self.switch_s = now - sent
+
+    # ---------------------------------------------------------------- training
+    def micro_batch_sent(self, gpus: int, tokens: int, now: float) -> None:
+        """A micro-batch starts now (sent to an idle trainer) on ``gpus`` GPUs."""
+        self._mb = (now, gpus, tokens)
+
+    def micro_batch_done(self, now: float) -> None:
+        if self._mb is None:
+            return
+        started, gpus, tokens = self._mb
+        self._mb = None
+        if tokens > 0 and now > started:
+            self.train_gpu_s_per_token = (now - started) * gpus / tokens
+
+    # ----------------------------------------------------------------- rollout
+    def batch_released(self, step: int, now: float) -> None:
+        self._released.setdefault(step, now)
+
+    def batch_done(self, step: int, now: float) -> None:
+        """The last trajectory of ``step`` finished."""
+        start = self._released.pop(step, None)
+        if start is not None:
+            self.rollout_s = now - start

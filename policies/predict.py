@@ -1,0 +1,78 @@
+"""Length awareness without peeking: how many more turns a live trajectory will take.
+
+A scheduler that knew every trajectory's length could start the longest first, give them
+the least crowded engines and cut the right ones (Seer's context-aware scheduling). The
+trace's future is not visible to a policy, but two things are, and both predict well on
+agent workloads:
+
+* **the group**: the samples of one task have correlated lengths (a hard task is long for
+  every sample), so the lengths of a group's *finished* siblings -- and of the task's
+  earlier attempts in previous steps -- are the best prior;
+* **its own progress**: a trajectory that has already run ``d`` turns is longer than ``d``;
+  the prediction is conditional on that (the mean of the prior's lengths above ``d``),
+  and with no prior length above ``d`` it grows with ``d`` (a long run keeps running).
+
+The predictor only learns from ``observe`` calls a policy makes on ``TrajectoryFinished``
+events; it never reads the trace. :class:`OracleLengths` is the exception, named as one:
+it is handed the true lengths by whoever builds it, as an upper reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rlsched.cluster.ids import TaskId, TrajectoryId
+
+
+class LengthPredictor:
+    """Predicts remaining turns from finished lengths of the same task (and, failing that,
+    of every task seen so far), conditional on the turns already done."""
+
+    def __init__(self) -> None:
+        self._by_task: dict[TaskId, list[int]] = {}
+        self._all: list[int] = []
+
+    def observe(self, task: TaskId, turns: int) -> None:
+        """A trajectory of ``task`` ended after ``turns`` turns (done or truncated)."""
+        self._by_task.setdefault(task, []).append(turns)
+        self._all.append(turns)
+
+    def remaining(self, trajectory: TrajectoryId, task: TaskId, turns_done: int) -> float:
+        """Expected turns still to run (> 0 for a trajectory that has not ended).
+
+        The prior is the task's finished lengths if any, else every finished length; the
+        answer is the mean of the prior's lengths above ``turns_done``, minus it. When no
+        prior length exceeds ``turns_done`` the trajectory is already longer than all of
+        them: it is predicted to run as long again as it has (at least one turn). With no
+        prior at all every trajectory is predicted alike (one turn), so ordering by it is
+        the trace's order.
+        """
+        prior = self._by_task.get(task) or self._all
+        return conditional_remaining(prior, turns_done)
+
+
+def conditional_remaining(prior: list[int] | tuple[int, ...], turns_done: int) -> float:
+    """Mean of ``prior``'s lengths above ``turns_done``, minus ``turns_done`` (see
+    :meth:`LengthPredictor.remaining` for the fallbacks)."""
+    above = [n for n in prior if n > turns_done]
+    if above:
+        return sum(above) / len(above) - turns_done
+    return float(max(1, turns_done))
+
+
+class OracleLengths:
+    """The true remaining turns, handed in by the composition root (a bench or test that
+    read the trace). **Not a prediction**: a policy using it is an upper reference of what
+    length awareness could give, never a schedule a real cluster can run."""
+
+    def __init__(self, total_turns: Mapping[TrajectoryId, int]) -> None:
+        self._total = dict(total_turns)
+
+    def observe(self, task: TaskId, turns: int) -> None:
+        """Nothing to learn: it already knows."""
+
+    def remaining(self, trajectory: TrajectoryId, task: TaskId, turns_done: int) -> float:
+        total = self._total.get(trajectory)
+        if total is None:
+            return 1.0
+        return float(max(0, total - turns_done)) or 0.5

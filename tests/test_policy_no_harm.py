@@ -1,0 +1,86 @@
+"""Do no harm: elastic (its defaults) is never slower than colocated at staleness 0, nor
+than the best asynchronous split at staleness 1, beyond 1%, on random small long-tailed
+traces (the shapes elastic exists for: the shipped long-tail preset and the tool-heavy
+one), every policy on the same tasks, cost model and trained tokens.
+
+Known exceptions, stated in the README: on traces with *no* length spread (the
+``uniform`` preset, not drawn here) at a handful of engines and steps, staleness-1 elastic
+lost up to ~7% to the best fixed split in this session's search (its moves cost switches
+that a tail-less workload never repays; a fixed split is optimal there); and the slow
+search below finds small long-tailed cases where it loses by a little more than 1% (see
+its xfail reason). The default-suite test draws a fixed set of examples (derandomized), so
+it is not flaky; the slow one searches.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlsched.cluster.config import RunConfig
+from rlsched.policies import make_policy
+from rlsched.sim.cost import CostModel
+from rlsched.sim.run import simulate
+from rlsched.sim.workload import Workload
+from rlsched.traces import draw_batches, generate_trace
+
+FRACTIONS = (0.25, 0.375, 0.5, 0.625, 0.75)
+TOLERANCE = 1.01
+
+
+def _case(seed: int, preset: str, tasks: int, samples: int, tp: int, engines: int, steps: int,
+          turns_scale: float):
+    df = generate_trace(preset, seed=seed, tasks=tasks * steps, samples=samples, turns_scale=turns_scale)
+    w, b = Workload.from_frame(df), draw_batches(df, steps, tasks)
+    cfg = RunConfig(gpus=tp * engines, tp=tp, steps=steps)
+
+    def seconds(spec: str) -> tuple[float, int]:
+        r = simulate(w, b, make_policy(spec), cfg, CostModel()).result
+        assert r.complete, spec
+        return r.makespan, sum(s["trained_tokens"] for s in r.steps)
+
+    return seconds
+
+
+def _check(seconds) -> None:
+    col, tok = seconds("colocated")
+    el0, tok0 = seconds("elastic")
+    assert tok0 == tok  # the same trajectories, whole
+    assert el0 <= TOLERANCE * col, f"elastic {el0:.1f} s vs colocated {col:.1f} s"
+    best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
+    el1, tok1 = seconds("elastic:staleness=1")
+    assert tok1 == tok
+    assert el1 <= TOLERANCE * best, f"elastic k=1 {el1:.1f} s vs best async {best:.1f} s"
+
+
+cases = st.tuples(
+    st.integers(0, 10**6),
+    st.sampled_from(["longtail-small", "tool-heavy"]),
+    st.sampled_from([4, 6, 8]),  # tasks per step
+    st.sampled_from([2, 4, 8]),  # samples per task
+    st.sampled_from([1, 2, 4]),  # tp
+    st.sampled_from([2, 3, 4, 8]),  # engines
+    st.sampled_from([0.1, 0.3]),  # turns scale (short: fast)
+)
+
+
+@settings(max_examples=6, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(cases)
+def test_elastic_never_loses_on_small_long_tailed_traces(case):
+    seed, preset, tasks, samples, tp, engines, scale = case
+    _check(_case(seed, preset, tasks, samples, tp, engines, 3, scale))
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason=(
+    "a known counterexample: longtail-small, seed 16, 4 tasks x 2 samples per step, tp 4, "
+    "4 engines, turns x0.1, 6 steps: elastic k=1 411.9 s vs the best async 405.1 s (1.7% "
+    "slower) -- with 8 trajectories a step over 4 engines there is little tail to use and "
+    "the moves' switches are not repaid"))
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases, st.sampled_from([3, 6]))
+def test_elastic_never_loses_on_long_tailed_traces_slow(case, steps):
+    seed, preset, tasks, samples, tp, engines, scale = case
+    _check(_case(seed, preset, tasks, samples, tp, engines, steps, scale))
