@@ -1,37 +1,62 @@
 """Run an agent's shell commands in a sandboxed subprocess with its own work directory.
 
-Why a sandbox: the agent's actions are text produced by a model under training; they run
-real programs on the training host, so they must not reach the network, write outside
-their episode's directory, or take the host down by CPU, memory, disk or process count.
+Why a sandbox: the agent's actions are text produced by a model under training -- an
+optimiser that will meet every shortcut the sandbox leaves. They run real programs on the
+training host, so they must not reach the network or the host's IPC, write outside their
+episode's directory, read the hidden tests, outlive their command, or take the host down
+by CPU, memory (shared memory included), disk or process count.
 
-What it guarantees, by isolation mode (see ``sandbox_exec.py``; ``Sandbox.isolation`` says
-which one is active, chosen by probing the host once per process):
+Isolation modes, strongest first (``Sandbox.isolation`` says which is active, chosen by
+probing the host once per process; ``python -m rlsched.real.sandbox`` prints it):
 
-* every mode: a fresh process per command with ``RLIMIT_CPU`` (CPU seconds), ``RLIMIT_AS``
-  (address space), ``RLIMIT_FSIZE`` (largest file), ``RLIMIT_NPROC`` (processes),
-  ``RLIMIT_NOFILE``, no core files; a wall-clock timeout after which the whole process
-  session is killed; output capped at ``Limits.output_bytes``; a scrubbed environment
-  (``PATH``, ``HOME`` = ``TMPDIR`` = the work directory, locale; nothing inherited from
-  the trainer); file writes requested by the agent are path-checked (no absolute paths,
-  no ``..``, no symlink escapes) and performed by a sandboxed process too.
-* ``root`` (the host runs us as root, e.g. a container): no network (own network
-  namespace with a downed loopback), every mount except the work directory read-only
-  (own mount namespace, so ``/tmp`` and ``/dev/shm`` too), an unprivileged uid of its own
-  per sandbox with ``no_new_privs`` (cannot signal or ptrace other processes, cannot
-  regain root through setuid binaries, and ``RLIMIT_NPROC`` counts only its processes),
-  and after every command all processes of that uid are killed, so nothing the agent
-  starts in the background outlives its command.
-* ``userns`` (non-root, unprivileged user namespaces enabled): no network and read-only
-  mounts as above, but the commands keep the caller's uid, so background processes that
-  leave the command's process session are not hunted down after the command.
-* ``plain`` (neither available): limits, environment scrub, timeouts and path checks
-  only -- the agent can reach the network and write wherever the caller can. Use it
-  only for trusted tooling; ``Sandbox(isolation="root")`` refuses to start without it.
+* ``bwrap`` (root, Debian's ``bubblewrap`` installed): every command runs in new user,
+  PID, IPC, UTS, network and cgroup namespaces built by bubblewrap (``sandbox_bwrap.py``)
+  under a uid of its own, over a minimal read-only root, with cgroup limits where the host
+  allows them (``sandbox_cgroup.py``) and a size-limited tmpfs as the work directory.
+* ``root`` (root, no bubblewrap): own network and mount namespaces by hand-written code,
+  every mount read-only except the work directory, a dedicated uid, cgroups and quota as
+  above; no PID or IPC namespace, user namespaces can be created inside.
+* ``userns`` (non-root with unprivileged user namespaces): network and mounts as ``root``
+  but the caller's uid, no cgroups.
+* ``plain``: only the per-process limits below; for trusted tooling only.
 
-What it does not guarantee in any mode: disk use inside the work directory is bounded
-only per file (``RLIMIT_FSIZE``), not in total; other processes on the host stay visible
-in ``/proc`` (no PID namespace); reading world-readable host files is allowed; there is
-no seccomp filter, so a kernel exploit is out of scope.
+In every mode: a fresh process per command with ``RLIMIT_CPU``, ``RLIMIT_AS``,
+``RLIMIT_FSIZE``, ``RLIMIT_NPROC``, ``RLIMIT_NOFILE``, no core files; a wall-clock limit
+after which the command is killed; output capped at ``Limits.output_bytes``; a scrubbed
+environment; shell commands sent to ``/bin/sh`` on standard input (never argv, so no
+length or byte of them breaks the launch); agent file writes path-checked (no absolute
+paths, no ``..``, no symlink escapes, no names the OS cannot hold) and done by a sandboxed
+process; reading the work directory back never raises for what the agent left there.
+
+The guarantees, as :func:`probe_guarantees` reports them (each proved by the named test in
+``tests/test_sandbox_redteam.py``, which runs wherever the host provides it; "bwrap" lists
+what that mode gives on a host that allows cgroups and tmpfs mounts):
+
+| ``network_isolated`` | no route to the host's loopback, unix sockets (path or abstract) or the internet | bwrap, root, userns |
+| ``read_only_host`` | no mount but the work directory (and bwrap's private ``/tmp``, ``/dev``) is writable | bwrap, root, userns |
+| ``minimal_root`` | only ``/usr`` and the loader's ``/etc`` files exist; no ``/home``, ``/root``, host ``/tmp`` | bwrap |
+| ``hidden_files`` | the task files (``hide=``) are not readable, even where their folder is mounted | bwrap, root, userns |
+| ``pid_namespace`` | host processes invisible; bubblewrap's PID 1 reaps orphans | bwrap |
+| ``ipc_namespace`` | SysV shared memory and host FIFOs unreachable; segments die with the command | bwrap |
+| ``uts_namespace`` | own host name | bwrap |
+| ``no_user_namespaces`` | creating a user namespace inside fails; no capabilities | bwrap |
+| ``dedicated_uid`` | a uid of its own, reserved across processes and checked unused by accounts and processes | bwrap, root |
+| ``background_killed`` | nothing a command starts outlives it (PID namespace, cgroup and uid sweeps) | bwrap, root |
+| ``memory_cgroup`` | memory of all processes bounded, memfd, shm and tmpfs pages included | bwrap, root (if the host allows) |
+| ``pids_cgroup`` | live processes bounded across the command; killed orphans do not count | bwrap, root (if the host allows) |
+| ``cpu_cgroup`` | CPU time summed over all processes of a command bounded; rate capped at ``Limits.cpus`` | bwrap, root (if the host allows) |
+| ``disk_quota`` | the work directory's total size bounded (a tmpfs of ``Limits.disk_bytes``) | bwrap, root (if the host allows) |
+
+:data:`LIVE_MINIMUM` is what a live run with tools requires (:func:`require_guarantees`,
+checked by the coding environment); ``RLSCHED_ACCEPT_WEAK_SANDBOX=1`` or
+``accept_weak_sandbox=True`` is the explicit way to accept less.
+
+What it does not guarantee in any mode: host files under ``/usr`` stay readable (bwrap)
+or every world-readable file does (other modes); there is no seccomp filter beyond
+bubblewrap's, so a kernel exploit is out of scope; in bwrap mode an exit status above 128
+is reported as the matching signal (bubblewrap's PID 1 cannot tell them apart); a process
+that dies with this one (no ``close``) leaves its tmpfs mount and cgroup directories
+behind.
 """
 
 from __future__ import annotations
@@ -468,7 +493,9 @@ class Sandbox:
         self._sweep()
         seconds = time.monotonic() - start
         text = output.decode("utf-8", errors="replace")
-        if returncode == sandbox_exec.SETUP_FAILED and text.startswith("sandbox:"):
+        if (returncode == sandbox_exec.SETUP_FAILED and text.startswith("sandbox:")) or (
+            returncode == 1 and self._bwrap is not None and text.startswith("bwrap: ")
+        ):
             raise LiveBackendError(f"{text.strip()} (isolation {self.isolation!r}, workdir {self.workdir})")
         mem_hit = group is not None and group.memory_events() > mem0
         sig = signal.Signals(-returncode).name if returncode < 0 else None

@@ -162,6 +162,8 @@ def _exec(config: dict, argv: list[str]) -> None:
     mode, workdir = config["mode"], config["workdir"]
     _join_cgroups(config.get("cgroups", []))
     if mode == "bwrap":
+        if not os.path.isdir(workdir):
+            raise SetupError(f"work directory {workdir} is gone")
         bwrap = config["bwrap_argv"]
         program = bwrap[0]
         limits = dict(config["limits"])
