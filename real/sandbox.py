@@ -98,6 +98,9 @@ _UID_REGISTRY = ("/run/rlsched-sandbox-uids", os.path.join(tempfile.gettempdir()
 # Longest path the agent may name: the kernel's limits (PATH_MAX, NAME_MAX) less room for
 # the work directory itself, so a refused length is a PathRefused, never an OSError.
 _MAX_REL_PATH, _MAX_NAME = 3072, 255
+# Files and directories a quota'd work directory may hold; more files than this would only
+# slow the copy to the grading sandbox down.
+_MAX_INODES = 20_000
 
 
 @dataclass(frozen=True)
@@ -364,7 +367,7 @@ _MNT_DETACH = 2
 
 def _mount_quota(workdir: Path, size: int, uid: int) -> bool:
     """Mount a size-limited tmpfs on ``workdir`` (a disk quota for the sandbox); False if refused."""
-    opts = f"size={size},mode=0700,uid={uid},gid={uid}".encode()
+    opts = f"size={size},nr_inodes={_MAX_INODES},mode=0700,uid={uid},gid={uid}".encode()
     flags = 2 | 4  # MS_NOSUID | MS_NODEV
     return _libc.mount(b"tmpfs", str(workdir).encode(), b"tmpfs", ctypes.c_ulong(flags), opts) == 0
 
@@ -554,12 +557,14 @@ class Sandbox:
         if not target.is_relative_to(self.workdir):
             raise PathRefused(f"path {rel[:80]!r} refused: it resolves outside the work directory")
 
-    def read_files(self, *, max_bytes: int = 4 << 20, skipped: list[str] | None = None) -> dict[str, bytes]:
+    def read_files(
+        self, *, max_bytes: int = 4 << 20, max_files: int = 2000, skipped: list[str] | None = None
+    ) -> dict[str, bytes]:
         """The regular files under the work directory (symlinks skipped), by relative path.
 
         Never raises for what the agent left there: a name or path the OS cannot open, a
-        file that vanished, a tree too deep, and anything past ``max_bytes`` in total is left
-        out (and named in ``skipped`` when given).
+        file that vanished, a tree too deep, and anything past ``max_bytes`` or ``max_files``
+        in total is left out (and named in ``skipped`` when given).
         """
         files: dict[str, bytes] = {}
         total = 0
@@ -577,8 +582,8 @@ class Sandbox:
                     info = os.lstat(full)
                     if not stat.S_ISREG(info.st_mode):
                         continue
-                    if total + info.st_size > max_bytes:
-                        skip.append(f"{rel[:80]}: over the {max_bytes}-byte total")
+                    if total + info.st_size > max_bytes or len(files) >= max_files:
+                        skip.append(f"{rel[:80]}: over the {max_bytes}-byte / {max_files}-file total")
                         continue
                     fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
                     with os.fdopen(fd, "rb") as fh:
