@@ -28,9 +28,11 @@ length or byte of them breaks the launch); agent file writes path-checked (no ab
 paths, no ``..``, no symlink escapes, no names the OS cannot hold) and done by a sandboxed
 process; reading the work directory back never raises for what the agent left there.
 
-The guarantees, as :func:`probe_guarantees` reports them (each proved by the named test in
-``tests/test_sandbox_redteam.py``, which runs wherever the host provides it; "bwrap" lists
-what that mode gives on a host that allows cgroups and tmpfs mounts):
+The guarantees, as :func:`probe_guarantees` reports them -- the mode is probed by running a
+command in it, cgroups and the quota by creating them, the rest follows from the mode. Each
+is proved by a test in ``tests/test_sandbox_redteam.py`` (``_PROVED_BY`` names it; a test
+keeps this table equal to the :class:`Guarantees` fields), which runs wherever the host
+provides the mode and is skipped with the reason elsewhere:
 
 | ``network_isolated`` | no route to the host's loopback, unix sockets (path or abstract) or the internet | bwrap, root, userns |
 | ``read_only_host`` | no mount but the work directory (and bwrap's private ``/tmp``, ``/dev``) is writable | bwrap, root, userns |

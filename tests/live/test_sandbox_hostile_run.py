@@ -29,11 +29,13 @@ HOSTILE_TURNS = [
 
 
 class HostileAgent:
-    """The real coding environment driven by a scripted agent: each step ignores the
-    model's text and sends the next hostile turn (a stand-in for the agent only)."""
+    """The real coding environment, driven by a scripted agent in the first episode to
+    start anywhere (``claim``): each of its steps ignores the model's text and sends the
+    next hostile turn (a stand-in for the agent only). Other episodes pass through."""
 
-    def __init__(self, inner) -> None:
-        self.inner = inner
+    def __init__(self, inner, claim) -> None:
+        self.inner, self.claim = inner, claim
+        self.hostile = False
         self.turn = 0
         self.task_id: str | None = None
 
@@ -44,10 +46,13 @@ class HostileAgent:
         return self.inner.task_ids()
 
     def reset(self, task_id, *, seed):
+        self.hostile = self.hostile or self.claim(self)
         self.turn, self.task_id = 0, task_id
         return self.inner.reset(task_id, seed=seed)
 
     def step(self, action_text):
+        if not self.hostile:
+            return self.inner.step(action_text)
         text = HOSTILE_TURNS[min(self.turn, len(HOSTILE_TURNS) - 1)]
         self.turn += 1
         return self.inner.step(text)
@@ -68,13 +73,15 @@ def test_a_hostile_agent_cannot_stop_a_live_run(tiny_cache, tmp_path, monkeypatc
     made: list[HostileAgent] = []
     lock = threading.Lock()
 
-    def make_env(settings):
-        env = real_make_env(settings)
+    def claim(env: HostileAgent) -> bool:
         with lock:
             if made:
-                return env
-            made.append(HostileAgent(env))
-            return made[0]
+                return False
+            made.append(env)
+            return True
+
+    def make_env(settings):
+        return HostileAgent(real_make_env(settings), claim)
 
     monkeypatch.setattr(driver, "make_env", make_env)
     live = {
@@ -90,7 +97,7 @@ def test_a_hostile_agent_cannot_stop_a_live_run(tiny_cache, tmp_path, monkeypatc
     assert made and made[0].turn >= 2, "the hostile agent never acted"
     events = rec.events
     failures = events[events["kind"] == "ToolFailure"]
-    assert len(failures) >= 4, failures  # the NUL byte, two over-long paths, the odd path name
+    assert len(failures) == 3, failures  # the NUL byte and the two over-long paths (the rest just run)
     assert failures["trajectory"].nunique() == 1  # only the hostile trajectory's
     details = " ".join(failures["detail"])
     assert "NUL byte" in details and "WRITE refused" in details
