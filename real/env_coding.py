@@ -307,5 +307,5 @@ def _shorten(text: str, limit: int = 200) -> str:
 
 
 def _printable(text: str) -> str:
-    """Text any tokenizer can encode: lone surrogates (from odd file names) become "?"."""
-    return text.encode("utf-8", "replace").decode("utf-8")
+    """Text any tokenizer can encode: lone surrogates (from odd file names) become "?", NUL "\\0"."""
+    return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\\0")

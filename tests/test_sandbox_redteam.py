@@ -59,7 +59,7 @@ def _py(code: str) -> str:
 def test_nul_byte_in_a_command_is_an_observation(env):
     env.reset("fix-factorial", seed=0)
     result = env.step("RUN: echo a\x00b")
-    assert not result.done and "NUL byte" in result.observation
+    assert not result.done and "NUL byte" in result.observation and "\x00" not in result.observation
     assert result.tool_failures == ("RUN refused: NUL byte",)
 
 
@@ -94,6 +94,8 @@ def test_paths_longer_than_the_os_allows_are_observations(env):
     # a tree deeper than PATH_MAX, built by the agent's own shell, then SUBMIT
     deep = 'i=0; while [ $i -lt 60 ]; do mkdir ' + "n" * 100 + ' && cd ' + "n" * 100 + ' || break; i=$((i+1)); done; echo x > leaf'
     env.step("RUN: " + deep)
+    # a file whose own path is just over PATH_MAX though its folder's is not
+    env.step("RUN: " + deep.replace("-lt 60", "-lt 40").replace("echo x > leaf", "echo x > " + "f" * 120))
     final = env.step(f"WRITE mathx.py\n{FACTORIAL}END\nSUBMIT")
     assert final.done and final.reward == 1.0, final.observation
 
