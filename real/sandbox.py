@@ -423,14 +423,24 @@ class Sandbox:
         else:
             self.uid = os.getuid()
         self.gid = self.uid if isolation in _ROOT_MODES else os.getgid()
-        self.workdir = Path(tempfile.mkdtemp(prefix="rlsched-sbx-", dir=root_dir)).resolve()
+        try:
+            self.workdir = Path(tempfile.mkdtemp(prefix="rlsched-sbx-", dir=root_dir)).resolve()
+        except BaseException:
+            self._release_uid()
+            raise
         self._closed = False
-        os.chmod(self.workdir, 0o700)
-        if isolation in _ROOT_MODES:
-            self._quota = _mount_quota(self.workdir, self.limits.disk_bytes, self.uid)
-            os.chown(self.workdir, self.uid, self.gid)
-            lim = self.limits
-            self._group = sandbox_cgroup.create(memory_bytes=lim.memory_bytes, processes=lim.processes, cpus=lim.cpus)
+        try:
+            os.chmod(self.workdir, 0o700)
+            if isolation in _ROOT_MODES:
+                self._quota = _mount_quota(self.workdir, self.limits.disk_bytes, self.uid)
+                os.chown(self.workdir, self.uid, self.gid)
+                lim = self.limits
+                self._group = sandbox_cgroup.create(
+                    memory_bytes=lim.memory_bytes, processes=lim.processes, cpus=lim.cpus
+                )
+        except BaseException:  # half-built: give back what was taken, then report
+            self.close()
+            raise
         self._bwrap = (
             bwrap_argv(bwrap_path() or "bwrap", str(self.workdir), tmp_bytes=self.limits.disk_bytes, hide=self.hide)
             if isolation == "bwrap"
@@ -634,9 +644,13 @@ class Sandbox:
             if self._quota:
                 _libc.umount2(str(self.workdir).encode(), _MNT_DETACH)
             shutil.rmtree(self.workdir, ignore_errors=True)
-            if self._uid_file is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(self._uid_file)
+            self._release_uid()
+
+    def _release_uid(self) -> None:
+        if self._uid_file is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._uid_file)
+            self._uid_file = None
 
     def __enter__(self) -> Sandbox:
         return self
