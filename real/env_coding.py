@@ -217,7 +217,10 @@ class CodingEnvironment:
             reward = evaluation.reward
             parts.append(f"Hidden tests: {evaluation.passed}/{evaluation.total} passed. {evaluation.detail}".rstrip())
             self._done = True
-            self._box.close()
+            try:
+                self._box.close()
+            except Exception as err:  # a sweep that could not empty the sandbox: recorded
+                failures.append(f"closing the sandbox failed: {type(err).__name__}: {str(err)[:300]}")
         return StepResult(
             observation=_printable("\n".join(parts)),
             done=done,
