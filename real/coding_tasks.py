@@ -6,7 +6,9 @@ One file per task, because a task is data a user can add without writing Python:
 id = "fix-last-item"                       # unique; the trace's task_id
 prompt = "Fix last() in utils.py ..."      # what the agent is asked to do
 tests = '''                                # hidden tests: a Python module whose test_*
-import utils                               # functions are run after SUBMIT (never shown)
+import utils                               # functions are run after SUBMIT (never shown;
+                                           # asserts as grader.py allows: EXPR == LITERAL,
+                                           # EXPR, not EXPR -- decided outside the sandbox)
 def test_last(): assert utils.last([1, 2]) == 2
 '''
 [files]                                    # starter files the agent sees and edits
@@ -18,13 +20,13 @@ def test_last(): assert utils.last([1, 2]) == 2
 
 from __future__ import annotations
 
-import ast
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlsched.cluster.errors import ConfigError
 
+from .grader import GradingPlan, plan_tests
 from .sandbox import PathRefused, safe_relpath
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
@@ -40,6 +42,7 @@ class CodingTask:
     test_names: tuple[str, ...]
     solution: dict[str, str]
     source: str
+    plan: GradingPlan  # the tests split into the sandbox's calls and the hidden expectations
 
 
 def _files_table(path: Path, data: dict, key: str, *, required: bool) -> dict[str, str]:
@@ -57,21 +60,6 @@ def _files_table(path: Path, data: dict, key: str, *, required: bool) -> dict[st
     return out
 
 
-def _test_names(path: Path, source: str) -> tuple[str, ...]:
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as err:
-        raise ConfigError(f"{path}: field 'tests' is not valid Python (line {err.lineno})") from None
-    names = tuple(
-        node.name
-        for node in tree.body
-        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
-    )
-    if not names:
-        raise ConfigError(f"{path}: field 'tests' defines no top-level test_* function")
-    return names
-
-
 def load_task(path: Path) -> CodingTask:
     """Parse and validate one task file; errors name the file and field."""
     try:
@@ -86,14 +74,18 @@ def load_task(path: Path) -> CodingTask:
     for key in ("id", "prompt", "tests"):
         if not isinstance(data.get(key), str) or not data[key].strip():
             raise ConfigError(f"{path}: field {key!r} must be a non-empty string")
+    files = _files_table(path, data, "files", required=True)
+    solution = _files_table(path, data, "solution", required=False)
+    plan = plan_tests(str(path), data["tests"])
     return CodingTask(
         task_id=data["id"],
         prompt=data["prompt"].strip(),
-        files=_files_table(path, data, "files", required=True),
+        files=files,
         tests=data["tests"],
-        test_names=_test_names(path, data["tests"]),
-        solution=_files_table(path, data, "solution", required=False),
+        test_names=plan.test_names,
+        solution=solution,
         source=str(path),
+        plan=plan,
     )
 
 

@@ -10,10 +10,18 @@ may hold several actions; they run in order, and free text between them is ignor
     END
     SUBMIT                      run the hidden tests and end the episode
 
-A turn with no recognisable action, a WRITE without END or a path outside the work
-directory gets an error observation, never an exception. After ``max_turns`` turns the
-episode ends as if the agent had submitted. Hidden tests run on a copy of the agent's
-files in a fresh sandbox, with the task's test file written last so it cannot be replaced.
+Nothing the agent writes raises: a turn with no recognisable action, a WRITE without END,
+a path outside the work directory or longer than the OS allows, a command with a NUL
+byte, any size or encoding of text, and whatever the agent leaves in its directory before
+SUBMIT (odd names, reserved names, deep trees) end in an observation; an action that could
+not be carried out is also named in ``StepResult.tool_failures``. Commands reach the shell
+on its standard input, so their length and bytes cannot break the launch. After
+``max_turns`` turns the episode ends as if the agent had submitted.
+
+Grading (``grader.py``): the task files are masked in every sandbox (``hide``); SUBMIT
+copies the agent's files into a fresh sandbox, adds the runner and the tests with every
+expected value taken out, and decides the verdict here from the values reported back as
+plain data -- the agent's code can neither read the expectations nor forge a pass.
 
 The environment is deterministic: ``seed`` is accepted for the interface and kept on the
 episode, but no randomness depends on it.
@@ -21,16 +29,24 @@ episode, but no randomness depends on it.
 
 from __future__ import annotations
 
-import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlsched.cluster.errors import ConfigError, InvariantViolation
 
-from .coding_tasks import CodingTask, load_tasks
+from .coding_tasks import TASKS_DIR, CodingTask, load_tasks
 from .env import StepResult
-from .sandbox import CommandResult, Limits, PathRefused, Sandbox, safe_relpath
+from .grader import decide
+from .sandbox import (
+    CommandResult,
+    Limits,
+    PathRefused,
+    Sandbox,
+    probe_guarantees,
+    require_guarantees,
+    safe_relpath,
+)
 
 ACTION_HELP = (
     "Actions (one or more per turn):\n"
@@ -41,6 +57,7 @@ ACTION_HELP = (
 _RUNNER = Path(__file__).resolve().parent / "hidden_tests_runner.py"
 _RUNNER_NAME = "_rlsched_runner.py"
 _TESTS_NAME = "_rlsched_hidden_tests.py"
+_RESERVED = (_RUNNER_NAME, _TESTS_NAME)
 
 
 @dataclass(frozen=True)
@@ -118,7 +135,12 @@ class Evaluation:
 
 
 class CodingEnvironment:
-    """One episode at a time over the coding tasks in ``tasks_dir`` (default: shipped)."""
+    """One episode at a time over the coding tasks in ``tasks_dir`` (default: shipped).
+
+    Refuses to start unless the sandbox's guarantees meet ``sandbox.LIVE_MINIMUM`` on this
+    host; ``accept_weak_sandbox=True`` (or ``RLSCHED_ACCEPT_WEAK_SANDBOX=1``) accepts less.
+    ``guarantees`` says what holds, for the run's meta.
+    """
 
     def __init__(
         self,
@@ -129,10 +151,14 @@ class CodingEnvironment:
         max_turns: int = 6,
         max_output_chars: int = 1500,
         root: str | Path | None = None,
+        accept_weak_sandbox: bool | None = None,
     ) -> None:
         if max_turns < 1:
             raise ConfigError(f"coding environment: max_turns={max_turns}, expected >= 1")
         self.tasks: dict[str, CodingTask] = load_tasks(tasks_dir)
+        self.hide = (str(Path(tasks_dir) if tasks_dir is not None else TASKS_DIR),)
+        self.guarantees = probe_guarantees(str(root) if root is not None else None, isolation)
+        require_guarantees(self.guarantees, accept_weak=accept_weak_sandbox)
         self.limits = limits or Limits()
         self.isolation = isolation
         self.max_turns = max_turns
@@ -153,7 +179,7 @@ class CodingEnvironment:
             raise ConfigError(f"coding task {task_id!r}: unknown; expected one of {self.task_ids()}")
         self.close()
         task = self.tasks[task_id]
-        self._box = Sandbox(limits=self.limits, isolation=self.isolation, root=self.root)
+        self._box = Sandbox(limits=self.limits, isolation=self.isolation, root=self.root, hide=self.hide)
         self._box.put_files(dict(task.files))
         self._task, self._turns, self._done, self.seed = task, 0, False, seed
         self.last_evaluation = None
@@ -166,71 +192,102 @@ class CodingEnvironment:
         start = time.monotonic()
         self._turns += 1
         parts: list[str] = []
+        failures: list[str] = []
         submitted = False
         for action in parse_actions(action_text):
             if isinstance(action, Submit):
                 submitted = True
                 break
-            parts.append(self._perform(action))
+            text, failure = self._perform(action)
+            parts.append(text)
+            if failure is not None:
+                failures.append(failure)
         done = submitted or self._turns >= self.max_turns
         reward = 0.0
         if done:
             if not submitted:
                 parts.append(f"Turn limit ({self.max_turns}) reached; submitting.")
-            evaluation = self.evaluate()
+            try:
+                evaluation = self.evaluate()
+            except Exception as err:  # the grader's sandbox failed: no reward, recorded
+                why = f"grading failed: {type(err).__name__}: {str(err)[:300]}"
+                failures.append(why)
+                evaluation = Evaluation(0, len(self._task.test_names), why, time.monotonic() - start)
             self.last_evaluation = evaluation
             reward = evaluation.reward
             parts.append(f"Hidden tests: {evaluation.passed}/{evaluation.total} passed. {evaluation.detail}".rstrip())
             self._done = True
-            self._box.close()
+            try:
+                self._box.close()
+            except Exception as err:  # a sweep that could not empty the sandbox: recorded
+                failures.append(f"closing the sandbox failed: {type(err).__name__}: {str(err)[:300]}")
         return StepResult(
-            observation="\n".join(parts), done=done, reward=reward, seconds=time.monotonic() - start
+            observation=_printable("\n".join(parts)),
+            done=done,
+            reward=reward,
+            seconds=time.monotonic() - start,
+            tool_failures=tuple(_printable(f) for f in failures),
         )
 
-    def _perform(self, action: Action) -> str:
+    def _perform(self, action: Action) -> tuple[str, str | None]:
+        """Carry out one action: its observation, and why it failed if it could not be done."""
         assert self._box is not None  # internal: step() checked the episode is open
         if isinstance(action, ActionError):
-            return f"error: {action.message}"
-        if isinstance(action, Write):
-            try:
-                result = self._box.write_file(action.path, action.content)
-            except PathRefused as err:
-                return f"error: {err}"
-            if result.ok:
-                return f"Wrote {safe_relpath(action.path)} ({len(action.content.encode())} bytes)"
-            return f"error: WRITE {action.path} failed ({result.status()}): {self._clip(result.output)}"
-        if isinstance(action, Run):
-            result = self._box.run(action.command)
-            return f"$ {action.command}\n{self._clip(result.output)}[{self._describe(result)}]"
+            return f"error: {action.message}", None
+        try:
+            if isinstance(action, Write):
+                try:
+                    rel = safe_relpath(action.path)
+                    result = self._box.write_file(rel, action.content)
+                except PathRefused as err:
+                    return f"error: {err}", f"WRITE refused: {err}"
+                if result.ok:
+                    return f"Wrote {rel} ({len(action.content.encode('utf-8', 'surrogatepass'))} bytes)", None
+                why = f"WRITE {action.path[:80]} failed ({result.status()})"
+                return f"error: {why}: {self._clip(result.output)}", why
+            if isinstance(action, Run):
+                head = f"$ {_shorten(action.command)}\n"
+                if "\x00" in action.command:
+                    return head + "error: the command contains a NUL byte (refused)", "RUN refused: NUL byte"
+                result = self._box.run(action.command)
+                return f"{head}{self._clip(result.output)}[{self._describe(result)}]", None
+        except Exception as err:  # the sandbox itself failed: this action only
+            why = f"{type(action).__name__} failed in the environment: {type(err).__name__}: {str(err)[:300]}"
+            return f"error: {why}", why
         raise InvariantViolation(f"coding environment: unhandled action {action!r}")
 
     def evaluate(self, files: dict[str, str | bytes] | None = None) -> Evaluation:
-        """Run the hidden tests on ``files`` (default: the agent's current work directory)."""
+        """Run the hidden tests on ``files`` (default: a copy of the agent's work directory).
+
+        The grading sandbox is fresh and masks the task files; it gets the agent's files
+        (those the OS can name and that do not collide with the grader's two reserved names;
+        the rest are listed in the detail), then the runner and the tests without their
+        expected values. The verdict is decided here from the reported values.
+        """
         assert self._task is not None  # internal: only called with an open episode
         task = self._task
+        skipped: list[str] = []
         if files is None:
             assert self._box is not None  # internal: the episode's sandbox is open
-            files = dict(self._box.read_files())
-        marker = "RLSCHED-" + secrets.token_hex(8)
-        with Sandbox(limits=self.limits, isolation=self.isolation, root=self.root) as box:
-            box.put_files({k: v for k, v in files.items() if k not in (_RUNNER_NAME, _TESTS_NAME)})
-            box.put_files({_RUNNER_NAME: _RUNNER.read_bytes(), _TESTS_NAME: task.tests})
-            result = box.run(["python3", "-I", _RUNNER_NAME, _TESTS_NAME, marker])
-        passed: set[str] = set()
-        failures: list[str] = []
-        for line in result.output.splitlines():
-            if not line.startswith(marker + " "):
-                continue
-            kind, _, rest = line[len(marker) + 1 :].partition(" ")
-            name, _, detail = rest.partition(" ")
-            if kind == "pass" and name in task.test_names:
-                passed.add(name)
-            elif kind in ("fail", "error"):
-                failures.append(f"{name}: {detail.strip()}")
-        detail = f"First failure: {failures[0]}" if failures else ""
-        if not result.ok and len(passed) < len(task.test_names) and not failures:
-            detail = f"Tests stopped: {result.status()}"
-        return Evaluation(len(passed), len(task.test_names), detail[:300], result.seconds)
+            files = dict(self._box.read_files(skipped=skipped))
+        with Sandbox(limits=self.limits, isolation=self.isolation, root=self.root, hide=self.hide) as box:
+            for path, content in files.items():
+                if path.split("/", 1)[0] in _RESERVED:
+                    skipped.append(f"{path[:80]}: reserved for the grader")
+                    continue
+                try:
+                    box.put_files({path: content})
+                except (PathRefused, OSError) as err:
+                    skipped.append(f"{path[:80]}: {err}")
+            box.put_files({_RUNNER_NAME: _RUNNER.read_bytes(), _TESTS_NAME: task.plan.source})
+            result = box.run(["python3", "-I", _RUNNER_NAME, _TESTS_NAME])
+        verdict = decide(task.plan, result.output)
+        detail = f"First failure: {verdict.failures[0]}" if verdict.failures else ""
+        if verdict.failures and not result.ok:
+            detail += f" (tests stopped: {result.status()})"
+        if skipped:
+            detail += f" Not copied for grading: {'; '.join(skipped[:3])}" + (" ..." if len(skipped) > 3 else "")
+        return Evaluation(len(verdict.passed), len(task.test_names), detail.strip()[:400], result.seconds)
 
     def _clip(self, text: str) -> str:
         if len(text) > self.max_output_chars:
@@ -243,7 +300,15 @@ class CodingEnvironment:
         return f"{result.status()}, {result.seconds:.2f}s{cut}"
 
     def close(self) -> None:
-        if self._box is not None:
-            self._box.close()
-            self._box = None
-        self._done = True
+        box, self._box, self._done = self._box, None, True
+        if box is not None:
+            box.close()
+
+
+def _shorten(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more chars)"
+
+
+def _printable(text: str) -> str:
+    """Text any tokenizer can encode: lone surrogates (from odd file names) become "?", NUL "\\0"."""
+    return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\\0")

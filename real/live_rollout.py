@@ -225,6 +225,8 @@ class Rollout:
         if kind == "reset":
             t.start(self.h.codec, result)
         else:
+            for failure in getattr(result, "tool_failures", ()):  # a failed tool call, not a failed run
+                self.h.rec.event(self.h.now(), "ToolFailure", trajectory=tid, detail=failure[:300])
             t.record_turn(rt.last_output, result.seconds, rt.turn_version)
             rt.turn_version = -1
             ts.turns_done, ts.tokens = t.turns_done, len(t.token_ids)

@@ -8,6 +8,10 @@ hazard. It imports only the standard library (``-I -S``: no site-packages, no us
 
 Isolation modes (chosen and probed by the parent):
 
+``bwrap``  the parent builds a bubblewrap command line (``sandbox_bwrap.py``); this
+           launcher joins the sandbox's cgroups, sets the rlimits, drops to the sandbox's
+           dedicated uid/gid (no groups, ``no_new_privs``) and execs bubblewrap with the
+           command after it, so every namespace is new and owned by that uid.
 ``root``   new network namespace (only a downed loopback: no network at all), new mount
            namespace in which every mount except the work directory is remounted
            read-only, then the process drops to a dedicated unprivileged uid/gid with no
@@ -44,6 +48,7 @@ _MS_REMOUNT = 32
 _MS_BIND = 4096
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
+_BWRAP_PROCESSES = 3  # bubblewrap's own processes: the outer monitor, PID 1, the command
 _PR_SET_NO_NEW_PRIVS = 38
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -59,9 +64,17 @@ def _check(result: int, what: str) -> None:
         raise SetupError(f"{what}: {os.strerror(err)}")
 
 
-def _mount(source: str | None, target: str, flags: int) -> None:
+def _mount(source: str | None, target: str, flags: int, fstype: str | None = None) -> None:
     src = source.encode() if source is not None else None
-    _check(_libc.mount(src, target.encode(), None, ctypes.c_ulong(flags), None), f"mount {target}")
+    kind = fstype.encode() if fstype is not None else None
+    _check(_libc.mount(src, target.encode(), kind, ctypes.c_ulong(flags), None), f"mount {target}")
+
+
+def _hide(paths: list[str]) -> None:
+    """Mask each existing directory in ``paths`` with an empty read-only tmpfs."""
+    for path in paths:
+        if os.path.isdir(path):
+            _mount("none", path, _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "tmpfs")
 
 
 def _unescape(path: str) -> str:
@@ -139,14 +152,36 @@ def _which(name: str, path: str) -> str:
     raise SetupError(f"{name}: command not found on PATH {path}")
 
 
+def _join_cgroups(dirs: list[str]) -> None:
+    for folder in dirs:
+        with open(os.path.join(folder, "cgroup.procs"), "w") as fh:
+            fh.write(str(os.getpid()))
+
+
 def _exec(config: dict, argv: list[str]) -> None:
     mode, workdir = config["mode"], config["workdir"]
+    _join_cgroups(config.get("cgroups", []))
+    if mode == "bwrap":
+        if not os.path.isdir(workdir):
+            raise SetupError(f"work directory {workdir} is gone")
+        bwrap = config["bwrap_argv"]
+        program = bwrap[0]
+        limits = dict(config["limits"])
+        limits["processes"] += _BWRAP_PROCESSES
+        _set_limits(limits, 0)
+        os.setgroups([])
+        os.setgid(config["gid"])
+        os.setuid(config["uid"])
+        _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
+        os.execve(program, [*bwrap, *argv], config["env"])
     if mode == "root":
         _check(_libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET), "unshare(net, mount)")
         _read_only_except(workdir)
+        _hide(config.get("hide", []))
     elif mode == "userns":
         _enter_user_namespace()
         _read_only_except(workdir)
+        _hide(config.get("hide", []))
     elif mode != "plain":
         raise SetupError(f"unknown mode {mode!r}")
     os.chdir(workdir)

@@ -15,7 +15,7 @@ FAST = Limits(cpu_seconds=1, wall_seconds=10, memory_bytes=512 << 20)
 
 @pytest.fixture(scope="module")
 def env():
-    environment = make_environment("coding", limits=FAST, max_turns=3)
+    environment = make_environment("coding", limits=FAST, max_turns=3, accept_weak_sandbox=True)
     yield environment
     environment.close()
 
@@ -124,13 +124,13 @@ def test_bad_task_files_name_file_and_field(tmp_path):
     bad.write_text('id = "t"\nprompt = "p"\ntests = "def helper(): pass"\n[files]\n"a.py" = "x"\n')
     with pytest.raises(ConfigError, match=r"bad.toml: field 'tests' defines no top-level test_"):
         load_task(bad)
-    bad.write_text('id = "t"\nprompt = "p"\ntests = "def test_a(): pass"\n[files]\n"../a.py" = "x"\n')
+    bad.write_text('id = "t"\nprompt = "p"\ntests = "def test_a(): assert 1"\n[files]\n"../a.py" = "x"\n')
     with pytest.raises(ConfigError, match=r"bad.toml: files.../a.py"):
         load_task(bad)
     bad.write_text("id = ")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_task(bad)
-    good = 'id = "same"\nprompt = "p"\ntests = "def test_a(): pass"\n[files]\n"a.py" = "x"\n'
+    good = 'id = "same"\nprompt = "p"\ntests = "def test_a(): assert 1"\n[files]\n"a.py" = "x"\n'
     bad.write_text(good)
     (tmp_path / "other.toml").write_text(good)
     with pytest.raises(ConfigError, match="already defined"):
