@@ -11,9 +11,10 @@ cdef class DriverCore:
     cdef dict __dict__
     cdef public double now
     cdef public long long events_processed, sandbox_free
-    cdef public object env, fault, rec, gpus, _eid, _events, sandbox_queue
+    cdef public object env, fault, rec, gpus, _events, sandbox_queue
     cdef public object _env_callbacks, _wake_callbacks
-    cdef public list _queue
+    cdef public object _env_schedule
+    cdef public long long pending
     cdef public dict engines
     cdef public double[::1] gpu_busy
     # the workload's per-turn arrays (SimTraj.first + turn)
@@ -29,5 +30,5 @@ cdef class DriverCore:
 
     cpdef _run_until(self, object until)
 
-    @cython.locals(callbacks=object, t=SimTraj, eng=EngineSim, now=double)
-    cpdef _step_until(self, object env, list queue, object until)
+    @cython.locals(due=double, t=SimTraj, eng=EngineSim)
+    cpdef _schedule(self, object ev, double delay)

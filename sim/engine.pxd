@@ -13,7 +13,7 @@ cdef class KvPool:
 
 @cython.final
 cdef class EngineSim:
-    cdef public double progress, updated, rate, stall_end, sync_end, wake_at, timer_at, gsince
+    cdef public double progress, updated, rate, stall_end, sync_end, wake_at, timer_at, timer_due, gsince
     cdef public double ctx_base
     cdef public double _weights, _kv_tok, _mem_den, _params2, _comp_den, _overhead, _pre_attn
     cdef public double _pre_den
@@ -21,10 +21,10 @@ cdef class EngineSim:
     cdef public int id, first_gpu, tp, gcode
     cdef public bint closed, owns, counted
     cdef public KvPool pool
-    cdef public object version, cost, es, callbacks, gstate, eid
+    cdef public object version, cost, es, callbacks, gstate, schedule
     cdef public object wake_callbacks
     cdef public dict members, reservations, env_lru
-    cdef public list heap, queue
+    cdef public list heap
     cdef public list evicted
 
     @cython.locals(start=double)

@@ -29,7 +29,7 @@ from heapq import heapify, heappop, heappush
 from typing import Any
 
 from .cost import CostModel
-from .timers import NORMAL, Call
+from .timers import Call
 
 _EPS = 1e-9
 _INF = float("inf")
@@ -54,10 +54,10 @@ class EngineSim:
 
     __slots__ = (
         "_comp_den", "_kv_tok", "_mem_den", "_overhead", "_params2", "_pre_attn", "_pre_den",
-        "_weights", "callbacks", "closed", "cost", "counted", "ctx_base", "eid", "env_lru", "es",
+        "_weights", "callbacks", "closed", "cost", "counted", "ctx_base", "env_lru", "es",
         "evicted", "first_gpu", "gcode", "gsince", "gstate", "heap", "id", "kv_capacity", "kv_reserved",
-        "members", "owns", "pool", "progress", "queue", "rate", "reservations", "seq_counter",
-        "stall_end", "sync_end", "timer_at", "tp", "updated", "version", "wake_at",
+        "members", "owns", "pool", "progress", "rate", "reservations", "schedule", "seq_counter",
+        "stall_end", "sync_end", "timer_at", "timer_due", "tp", "updated", "version", "wake_at",
         "wake_callbacks",
     )
 
@@ -98,13 +98,14 @@ class EngineSim:
         # the engine is the SimPy event of its own wake-up timer when none is pending
         self.callbacks: tuple | None = None
         self.timer_at = 0.0
+        self.timer_due = 0.0  # when that pending wake-up fires (set by DriverCore._schedule)
         self.gstate: object = None  # GpuState of this engine's GPUs
         self.gcode = 0  # its index in the run record's state codes (gpus.CODE)
         self.gsince = 0.0  # since when (valid while it owns them, see GpuStates.claim)
         self.owns = False
-        # where rearm() pushes the engine's wake-up timer (set by the driver; see .timers)
-        self.queue: list = []
-        self.eid: Any = None
+        # how rearm() schedules the engine's wake-up timer: ``schedule(event, delay)``, the
+        # driver's DriverCore._schedule (set by the driver; see .timers)
+        self.schedule: Any = None
         self.wake_callbacks: tuple = ()
         # CostModel.decode_step_s / prefill_s with their constant factors folded
         c = cost
@@ -240,7 +241,7 @@ class EngineSim:
                 ev: Any = self
             else:
                 ev = Call(self.wake_callbacks, None, self, at)
-            heappush(self.queue, (now + (at - now if at > now else 0.0), NORMAL, next(self.eid), ev))
+            self.schedule(ev, at - now)
 
     # ------------------------------------------------------------------ KV
     # What policies see as ``EngineInfo.kv_used`` is ``kv_reserved``, kept in step here: the

@@ -1,43 +1,38 @@
-"""Timers pushed straight onto SimPy's event queue (the simulator's hottest path).
+"""Timer events scheduled on SimPy's event queue through its public API (the simulator's
+hottest path).
 
-SimPy processes an event by popping ``(time, priority, id, event)`` off
-``Environment._queue``, setting ``event.callbacks`` to None, calling each callback with
-the event and checking ``event._ok``. A timer therefore needs no ``simpy.Timeout`` and no
-closure: :class:`Call` is the smallest object with that protocol, and
-:func:`queue_of` returns the queue and id counter so a timer is one ``heappush`` of the
-tuple ``Environment.schedule`` would push (same key: ties still break in insertion
-order, so runs stay deterministic). Objects that are themselves timer events while none
-of theirs is pending (trajectories, engines) follow the same protocol.
+``Environment.step`` pops the earliest ``(time, priority, id, event)``, sets the clock,
+sets ``event.callbacks`` to None, calls each callback with the event and then checks that
+the event did not fail (SimPy's event protocol: a ``callbacks`` list and an ``_ok`` flag,
+which :class:`simpy.events.Event` keeps and ``step`` reads; the simulator itself never
+reads them). A timer therefore needs no ``simpy.Timeout`` and no closure: :class:`Call`
+is the smallest object with that protocol, scheduled by one
+``Environment.schedule(event, NORMAL, delay)`` call (``DriverCore._schedule``): the same
+key ``Timeout`` gets, so ties still break in insertion order and runs stay deterministic.
+Objects that are themselves timer events while none of theirs is pending (trajectories,
+engines) follow the same protocol.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import simpy
 from simpy.events import NORMAL
 
-__all__ = ["NORMAL", "Call", "queue_of"]
+__all__ = ["NORMAL", "Call"]
 
 
 class Call:
     """A scheduled call ``fn(a, b)`` (or data for a dedicated callback)."""
 
-    __slots__ = ("a", "b", "callbacks", "fn")
-    _ok = True
+    __slots__ = ("a", "b", "callbacks", "due", "fn")
+    _ok = True  # (SimPy's event protocol: it never fails; read by Environment.step only)
 
     def __init__(self, callbacks: tuple, fn: Callable[[Any, Any], None] | None, a: Any, b: Any) -> None:
         self.callbacks = callbacks
         self.fn = fn
         self.a = a
         self.b = b
+        self.due = 0.0  # the time it fires (set by DriverCore._schedule)
 
-
-def queue_of(env: simpy.Environment) -> tuple[list, Iterator[int]]:
-    """The environment's event heap and insertion-id counter (what ``schedule`` uses)."""
-    queue, eid = getattr(env, "_queue", None), getattr(env, "_eid", None)
-    if not isinstance(queue, list) or eid is None or not isinstance(getattr(env, "_now", None), float | int):
-        raise RuntimeError(f"simpy {simpy.__version__}: Environment has no _queue/_eid/_now; "
-                           "rlsched's timers need SimPy 4")
-    return queue, eid

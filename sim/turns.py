@@ -20,7 +20,6 @@ have changed (a decoding engine, not syncing, whose GPUs already show GENERATE:
 
 from __future__ import annotations
 
-from heapq import heappush
 from typing import Any
 
 from rlsched.cluster.events import EngineIdle
@@ -28,7 +27,7 @@ from rlsched.cluster.ids import GpuState, TrajStatus
 
 from .engine import EngineSim
 from .gpus import CODE
-from .timers import NORMAL, Call
+from .timers import Call
 from .traj import SimTraj
 
 _INF = float("inf")
@@ -44,13 +43,16 @@ _ROLLOUT_IDLE = GpuState.ROLLOUT_IDLE
 def wake_timer(d: Any, ev: Any) -> None:
     """Timer callback: the engine's earliest decode may have ended; end those turns."""
     d.events_processed += 1
-    now = d.now  # (set by DriverCore._run_until)
+    d.pending -= 1
     if type(ev) is Call:
         eng: EngineSim = ev.a
         at = ev.b
+        now = ev.due
     else:
         eng = ev
         at = eng.timer_at
+        now = eng.timer_due
+    d.now = now  # (the clock, see DriverCore._schedule)
     if not eng.closed:
         if at == eng.wake_at:
             eng.wake_at = _INF
@@ -103,7 +105,7 @@ def turn_done(d: Any, t: SimTraj, eng: EngineSim) -> None:
             ev: object = t
         else:
             ev = Call(d._env_callbacks, None, t, token)
-        heappush(d._queue, (d.now + (delay if delay > 0.0 else 0.0), NORMAL, next(d._eid), ev))
+        d._schedule(ev, delay)
     else:
         t.waiting_sandbox = True
         d.sandbox_queue.append(t)
@@ -118,13 +120,16 @@ def turn_done(d: Any, t: SimTraj, eng: EngineSim) -> None:
 def env_timer(d: Any, ev: Any) -> None:
     """Timer callback: a tool call returned; start the next turn (or queue for KV)."""
     d.events_processed += 1
-    now = d.now  # (set by DriverCore._run_until)
+    d.pending -= 1
     if type(ev) is Call:
         t: SimTraj = ev.a
         token = ev.b
+        now = ev.due
     else:
         t = ev
         token = t.timer_token
+        now = t.timer_due
+    d.now = now  # (the clock, see DriverCore._schedule)
     if token != t.env_token:  # cancelled (interrupted or moved meanwhile)
         if d._events:
             d._pump()
