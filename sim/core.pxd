@@ -11,10 +11,9 @@ cdef class DriverCore:
     cdef dict __dict__
     cdef public double now
     cdef public long long events_processed, sandbox_free
-    cdef public object env, fault, rec, gpus, _events, sandbox_queue
+    cdef public object env, fault, rec, gpus, _eid, _events, sandbox_queue
     cdef public object _env_callbacks, _wake_callbacks
-    cdef public object _env_schedule
-    cdef public long long pending
+    cdef public list _queue
     cdef public dict engines
     cdef public double[::1] gpu_busy
     # the workload's per-turn arrays (SimTraj.first + turn)
@@ -30,5 +29,7 @@ cdef class DriverCore:
 
     cpdef _run_until(self, object until)
 
-    @cython.locals(due=double, t=SimTraj, eng=EngineSim)
+    @cython.locals(callbacks=object, t=SimTraj, eng=EngineSim, now=double)
+    cpdef _step_until(self, object env, list queue, object until)
+
     cpdef _schedule(self, object ev, double delay)

@@ -5,11 +5,11 @@ engines (:mod:`.roles`), the trainer and weight sync (:mod:`.training`) and the 
 (:mod:`.recording`) share; :class:`~rlsched.sim.driver.SimDriver` combines them. They are
 split by job, not by layer: each module's methods call the others' through ``self``.
 
-Timers (:mod:`.timers`) are plain objects scheduled on SimPy's queue (through
-``Environment.schedule``, see :meth:`DriverCore._schedule`), not ``simpy.Timeout`` objects
-with a closure each. The current time is kept in ``self.now`` (set by each timer's
-callback from the time it was scheduled for, see :meth:`DriverCore._schedule`) instead of
-reading ``env.now`` per use, and the policy-visible clock (``ClusterState.advance``) is moved only where it is read: before
+Timers (:mod:`.timers`) are plain objects pushed onto the environment's event queue
+(:class:`~.timers.SimEnvironment`, whose public ``heap`` SimPy's ``schedule`` and ``step``
+use too), not ``simpy.Timeout`` objects with a closure each. The current time is kept in
+``self.now`` (set when each timer fires) instead of reading ``env.now`` per use, and the
+policy-visible clock (``ClusterState.advance``) is moved only where it is read: before
 the policy sees an event and where a trajectory is marked dispatched or finished.
 """
 
@@ -19,6 +19,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from functools import partial
+from heapq import heappop, heappush
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ from rlsched.cluster.state import ClusterState
 from .cost import CostModel
 from .engine import EngineSim, KvPool
 from .gpus import GpuStates
-from .timers import NORMAL, Call
+from .timers import NORMAL, Call, SimEnvironment
 from .trainer import TrainerSim
 from .traj import SimTraj
 from .workload import Batches, Workload
@@ -95,7 +96,7 @@ class DriverCore:
         self.cost = cost
         self.rec = recorder
         self.progress = progress
-        self.env = simpy.Environment()
+        self.env = SimEnvironment()
         index = workload.index
         self.state = ClusterState(
             config.gpus, config.tp,
@@ -147,9 +148,7 @@ class DriverCore:
         self._wake_callbacks = (partial(wake_timer, self),)
         self._env_callbacks = (partial(env_timer, self),)
         self.now = 0.0  # simulated time of the timer being processed
-        # SimPy's public scheduling API, bound once (see _schedule and _run_until)
-        self._env_schedule = self.env.schedule  # (bound once, see _schedule)
-        self.pending = 0  # timers scheduled by _schedule and not yet processed
+        self._queue, self._eid = self.env.heap, self.env.ids  # (see .timers)
         self._switch_gid: dict[int, int] = {}  # GPU -> switch group it is switching with
         self.fault = FaultState(faults)  # see .faults
 
@@ -158,45 +157,76 @@ class DriverCore:
 
     # ---------------------------------------------------------------- loop
     def _run_until(self, until: simpy.Event) -> None:
-        """``env.run(until=until)``: SimPy's own loop of ``Environment.step`` (which raises
-        ``RuntimeError`` when the queue runs dry before ``until`` is processed).
+        """``env.run(until=until)``, stepping SimPy's queue here: the same events in the
+        same order with the same effects as ``Environment.step`` (pop the earliest
+        ``(time, priority, id, event)``, set the clock, detach and call the event's
+        callbacks, raise a failed event's exception unless it was defused -- read through
+        the event's public ``ok``, ``defused`` and ``value``). Compiled
+        (``core.pxd``) it spares the Python call ``step`` costs per event; as Python it
+        is ``env.run`` without the ``StopSimulation`` callback.
 
-        The simulator's timers reach SimPy only through its public API
-        (:meth:`_schedule`); their callbacks set ``self.now`` from the time
-        :meth:`_schedule` stored in the timer, so no callback reads the clock through the
-        ``env.now`` property. See "SimPy's public API" in COST_MODEL.md for what this costs
-        per event compared with stepping SimPy's heap here through its private fields."""
+        The simulator's own per-turn timer events (trajectories and engines, typed when
+        compiled) are handled without SimPy's attribute protocol: their callbacks are a C
+        field, they never fail, their callbacks read the clock from ``self.now`` and never
+        schedule through SimPy, and they cannot be ``until`` nor trigger it -- so
+        ``env.clock`` is brought up to date only before any other event and on the way out."""
+        env = self.env
+        queue = self._queue
         if until.callbacks is None:  # (already processed)
             return
-        self.env.run(until=until)
+        try:
+            self._step_until(env, queue, until)
+        finally:
+            env.clock = self.now
+
+    def _step_until(self, env: simpy.Environment, queue: list, until: simpy.Event) -> None:
+        while True:
+            if not queue:
+                raise RuntimeError(
+                    f'No scheduled events left but "until" event was not triggered: {until}')
+            now, _, _, event = heappop(queue)
+            self.now = now
+            cls = type(event)
+            if cls is SimTraj:
+                t = event
+                callbacks = t.callbacks
+                t.callbacks = None
+                for callback in callbacks:
+                    callback(event)
+                continue
+            if cls is EngineSim:
+                eng = event
+                callbacks = eng.callbacks
+                eng.callbacks = None
+                for callback in callbacks:
+                    callback(event)
+                continue
+            env.clock = now
+            callbacks = event.callbacks
+            event.callbacks = None
+            for callback in callbacks:
+                callback(event)
+            if not event.ok and not event.defused:
+                failure = event.value
+                exc = type(failure)(*failure.args)
+                exc.__cause__ = failure
+                raise exc
+            if until.callbacks is None:  # (until has been processed)
+                return
 
     # -------------------------------------------------------------- timers
     def _schedule(self, ev: Any, delay: float) -> None:
         """Schedule the timer event ``ev`` (a :class:`~.timers.Call`, or a trajectory or
         engine that is its own timer event) ``delay`` seconds from now -- now if ``delay``
-        is not positive -- after everything already scheduled for that instant: one
-        ``Environment.schedule(ev, NORMAL, delay)``, the one way the simulator puts
-        anything on SimPy's queue. The time it fires is stored in the timer (``due``,
-        ``timer_due``) for its callback to set ``self.now`` from: ``self.now`` equals
-        ``env.now`` whenever a timer is scheduled, so it is the same float SimPy keys it by."""
-        delay = delay if delay > 0.0 else 0.0
-        due = self.now + delay
-        cls = type(ev)
-        if cls is SimTraj:
-            t = ev
-            t.timer_due = due
-        elif cls is EngineSim:
-            eng = ev
-            eng.timer_due = due
-        else:
-            ev.due = due
-        self.pending += 1
-        self._env_schedule(ev, NORMAL, delay)
+        is not positive -- after everything already scheduled for that instant: the one
+        way the simulator puts anything on the event queue, the tuple
+        ``env.schedule(ev, NORMAL, delay)`` pushes (``self.now`` is ``env.now`` whenever a
+        timer is scheduled) without a Python call."""
+        heappush(self._queue, (self.now + (delay if delay > 0.0 else 0.0), NORMAL, next(self._eid), ev))
 
     def _pending_events(self) -> int:
-        """Events on SimPy's queue not yet processed (what ``len`` of it would be): the
-        timers :meth:`_schedule` put there, plus the run's end if it has been triggered."""
-        return self.pending + (1 if self._done.triggered and self._done.callbacks is not None else 0)
+        """Events on the queue not yet processed."""
+        return len(self._queue)
 
     def _later(self, delay: float, fn: Callable[[Any, Any], None], a: Any = None, b: Any = None) -> None:
         """Call ``fn(a, b)`` after ``delay`` simulated seconds (after everything already
@@ -205,8 +235,7 @@ class DriverCore:
 
     def _fire(self, ev: Call) -> None:
         self.events_processed += 1
-        self.pending -= 1
-        self.now = now = ev.due  # (the clock, see _schedule)
+        self.now = now = self.env.now
         self.state.advance(now)
         ev.fn(ev.a, ev.b)
         if self._events:

@@ -13,7 +13,7 @@ cdef class KvPool:
 
 @cython.final
 cdef class EngineSim:
-    cdef public double progress, updated, rate, stall_end, sync_end, wake_at, timer_at, timer_due, gsince
+    cdef public double progress, updated, rate, stall_end, sync_end, wake_at, timer_at, gsince
     cdef public double ctx_base
     cdef public double _weights, _kv_tok, _mem_den, _params2, _comp_den, _overhead, _pre_attn
     cdef public double _pre_den

@@ -50,14 +50,14 @@ class KvPool:
 class EngineSim:
     """Timing state of one rollout engine (the policy-visible part is its ``es``)."""
 
-    _ok = True  # (SimPy event protocol, see the driver's wake-up timer)
+    ok = True  # (SimPy event protocol, see the driver's wake-up timer)
 
     __slots__ = (
         "_comp_den", "_kv_tok", "_mem_den", "_overhead", "_params2", "_pre_attn", "_pre_den",
         "_weights", "callbacks", "closed", "cost", "counted", "ctx_base", "env_lru", "es",
         "evicted", "first_gpu", "gcode", "gsince", "gstate", "heap", "id", "kv_capacity", "kv_reserved",
         "members", "owns", "pool", "progress", "rate", "reservations", "schedule", "seq_counter",
-        "stall_end", "sync_end", "timer_at", "timer_due", "tp", "updated", "version", "wake_at",
+        "stall_end", "sync_end", "timer_at", "tp", "updated", "version", "wake_at",
         "wake_callbacks",
     )
 
@@ -98,7 +98,6 @@ class EngineSim:
         # the engine is the SimPy event of its own wake-up timer when none is pending
         self.callbacks: tuple | None = None
         self.timer_at = 0.0
-        self.timer_due = 0.0  # when that pending wake-up fires (set by DriverCore._schedule)
         self.gstate: object = None  # GpuState of this engine's GPUs
         self.gcode = 0  # its index in the run record's state codes (gpus.CODE)
         self.gsince = 0.0  # since when (valid while it owns them, see GpuStates.claim)

@@ -20,17 +20,17 @@ class SimTraj:
 
     Identity-hashed: engines key their batch and KV tables by these objects, so the hot
     path never looks a trajectory up by id. It is also the SimPy event of its own
-    tool-call timer (``callbacks``/``_ok``, like :class:`~rlsched.sim.timers.Call`)
+    tool-call timer (``callbacks``/``ok``, like :class:`~rlsched.sim.timers.Call`)
     whenever no such timer of it is pending, which saves allocating one object per
     simulated turn.
     """
 
-    _ok = True  # (SimPy event protocol)
+    ok = True  # (SimPy event protocol: it never fails)
 
     __slots__ = (
         "callbacks", "charged", "ctx", "env_token", "fault_hits", "first", "generated", "hung",
         "in_env", "join_token", "kv_cached", "mid_turn", "moved_at", "n_turns", "output_kept",
-        "prompt_kept", "sandbox", "tid", "timer_due", "timer_token", "truncated", "ts",
+        "prompt_kept", "sandbox", "tid", "timer_token", "truncated", "ts",
         "turn_progress", "turn_version", "waiting_sandbox", "wasted", "widx",
     )
 
@@ -60,7 +60,6 @@ class SimTraj:
         self.waiting_sandbox = False
         self.callbacks: tuple | None = None  # set while it is pending as its own timer event
         self.timer_token = 0  # env_token of that pending timer
-        self.timer_due = 0.0  # and the time it fires (set by DriverCore._schedule)
         self.hung = 0.0  # its pending tool call hung and is cut after this many seconds
         self.fault_hits = 0  # times a fault stopped it (each time it was dispatched again)
 

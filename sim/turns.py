@@ -43,16 +43,13 @@ _ROLLOUT_IDLE = GpuState.ROLLOUT_IDLE
 def wake_timer(d: Any, ev: Any) -> None:
     """Timer callback: the engine's earliest decode may have ended; end those turns."""
     d.events_processed += 1
-    d.pending -= 1
+    now = d.now  # (set by DriverCore._run_until)
     if type(ev) is Call:
         eng: EngineSim = ev.a
         at = ev.b
-        now = ev.due
     else:
         eng = ev
         at = eng.timer_at
-        now = eng.timer_due
-    d.now = now  # (the clock, see DriverCore._schedule)
     if not eng.closed:
         if at == eng.wake_at:
             eng.wake_at = _INF
@@ -120,16 +117,13 @@ def turn_done(d: Any, t: SimTraj, eng: EngineSim) -> None:
 def env_timer(d: Any, ev: Any) -> None:
     """Timer callback: a tool call returned; start the next turn (or queue for KV)."""
     d.events_processed += 1
-    d.pending -= 1
+    now = d.now  # (set by DriverCore._run_until)
     if type(ev) is Call:
         t: SimTraj = ev.a
         token = ev.b
-        now = ev.due
     else:
         t = ev
         token = t.timer_token
-        now = t.timer_due
-    d.now = now  # (the clock, see DriverCore._schedule)
     if token != t.env_token:  # cancelled (interrupted or moved meanwhile)
         if d._events:
             d._pump()

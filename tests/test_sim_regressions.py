@@ -35,6 +35,7 @@ from rlsched.policies import make_policy
 from rlsched.sim.cost import CostModel
 from rlsched.sim.engine import EngineSim
 from rlsched.sim.run import SimOutcome, simulate
+from rlsched.sim.timers import SimEnvironment
 from rlsched.sim.workload import Workload
 from rlsched.traces import draw_batches, load_trace, sample_trace_path
 
@@ -169,10 +170,10 @@ def test_elastic_edges_make_progress(spec, gpus, tp):
     sim(w, batches, spec, gpus=gpus, tp=tp)
 
 
-def _wake_env(eng: EngineSim, start: float) -> simpy.Environment:
-    """A SimPy environment at ``start`` on which ``eng`` schedules its wake-ups (as the
-    driver's DriverCore._schedule does, with no callbacks to run)."""
-    env = simpy.Environment(start)
+def _wake_env(eng: EngineSim, start: float) -> SimEnvironment:
+    """The simulator's SimPy environment at ``start``, on which ``eng`` schedules its
+    wake-ups (as the driver's DriverCore._schedule does, with no callbacks to run)."""
+    env = SimEnvironment(start)
     eng.schedule = lambda ev, delay: env.schedule(ev, simpy.events.NORMAL, max(delay, 0.0))
     eng.wake_callbacks = ()
     return env
