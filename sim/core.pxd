@@ -31,5 +31,3 @@ cdef class DriverCore:
 
     @cython.locals(callbacks=object, t=SimTraj, eng=EngineSim, now=double)
     cpdef _step_until(self, object env, list queue, object until)
-
-    cpdef _schedule(self, object ev, double delay)

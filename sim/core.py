@@ -215,23 +215,11 @@ class DriverCore:
                 return
 
     # -------------------------------------------------------------- timers
-    def _schedule(self, ev: Any, delay: float) -> None:
-        """Schedule the timer event ``ev`` (a :class:`~.timers.Call`, or a trajectory or
-        engine that is its own timer event) ``delay`` seconds from now -- now if ``delay``
-        is not positive -- after everything already scheduled for that instant: the one
-        way the simulator puts anything on the event queue, the tuple
-        ``env.schedule(ev, NORMAL, delay)`` pushes (``self.now`` is ``env.now`` whenever a
-        timer is scheduled) without a Python call."""
-        heappush(self._queue, (self.now + (delay if delay > 0.0 else 0.0), NORMAL, next(self._eid), ev))
-
-    def _pending_events(self) -> int:
-        """Events on the queue not yet processed."""
-        return len(self._queue)
-
     def _later(self, delay: float, fn: Callable[[Any, Any], None], a: Any = None, b: Any = None) -> None:
         """Call ``fn(a, b)`` after ``delay`` simulated seconds (after everything already
         scheduled for that instant)."""
-        self._schedule(Call(self._callbacks, fn, a, b), delay)
+        heappush(self._queue, (self.now + (delay if delay > 0.0 else 0.0), NORMAL, next(self._eid),
+                               Call(self._callbacks, fn, a, b)))
 
     def _fire(self, ev: Call) -> None:
         self.events_processed += 1

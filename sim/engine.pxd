@@ -21,10 +21,10 @@ cdef class EngineSim:
     cdef public int id, first_gpu, tp, gcode
     cdef public bint closed, owns, counted
     cdef public KvPool pool
-    cdef public object version, cost, es, callbacks, gstate, schedule
+    cdef public object version, cost, es, callbacks, gstate, eid
     cdef public object wake_callbacks
     cdef public dict members, reservations, env_lru
-    cdef public list heap
+    cdef public list heap, queue
     cdef public list evicted
 
     @cython.locals(start=double)

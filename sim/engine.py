@@ -29,7 +29,7 @@ from heapq import heapify, heappop, heappush
 from typing import Any
 
 from .cost import CostModel
-from .timers import Call
+from .timers import NORMAL, Call
 
 _EPS = 1e-9
 _INF = float("inf")
@@ -54,9 +54,9 @@ class EngineSim:
 
     __slots__ = (
         "_comp_den", "_kv_tok", "_mem_den", "_overhead", "_params2", "_pre_attn", "_pre_den",
-        "_weights", "callbacks", "closed", "cost", "counted", "ctx_base", "env_lru", "es",
+        "_weights", "callbacks", "closed", "cost", "counted", "ctx_base", "eid", "env_lru", "es",
         "evicted", "first_gpu", "gcode", "gsince", "gstate", "heap", "id", "kv_capacity", "kv_reserved",
-        "members", "owns", "pool", "progress", "rate", "reservations", "schedule", "seq_counter",
+        "members", "owns", "pool", "progress", "queue", "rate", "reservations", "seq_counter",
         "stall_end", "sync_end", "timer_at", "tp", "updated", "version", "wake_at",
         "wake_callbacks",
     )
@@ -102,9 +102,9 @@ class EngineSim:
         self.gcode = 0  # its index in the run record's state codes (gpus.CODE)
         self.gsince = 0.0  # since when (valid while it owns them, see GpuStates.claim)
         self.owns = False
-        # how rearm() schedules the engine's wake-up timer: ``schedule(event, delay)``, the
-        # driver's DriverCore._schedule (set by the driver; see .timers)
-        self.schedule: Any = None
+        # where rearm() pushes the engine's wake-up timer (set by the driver; see .timers)
+        self.queue: list = []
+        self.eid: Any = None
         self.wake_callbacks: tuple = ()
         # CostModel.decode_step_s / prefill_s with their constant factors folded
         c = cost
@@ -240,7 +240,7 @@ class EngineSim:
                 ev: Any = self
             else:
                 ev = Call(self.wake_callbacks, None, self, at)
-            self.schedule(ev, at - now)
+            heappush(self.queue, (now + (at - now if at > now else 0.0), NORMAL, next(self.eid), ev))
 
     # ------------------------------------------------------------------ KV
     # What policies see as ``EngineInfo.kv_used`` is ``kv_reserved``, kept in step here: the

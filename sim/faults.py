@@ -55,7 +55,7 @@ class FaultMixin(DriverCore):
     def _fire_rate(self, f: Fault, _unused: None) -> None:
         # Only other rate timers pending: nothing else will ever happen (the run is done or
         # stalled), so stop instead of firing faults into an idle cluster forever.
-        if self._pending_events() <= self.fault.rate_timers - 1:
+        if len(self._queue) <= self.fault.rate_timers - 1:
             self.fault.rate_timers -= 1
             return
         self._fire_fault(f, None)

@@ -10,12 +10,14 @@ where the policy-visible ``ClusterState`` needs them.
 
 from __future__ import annotations
 
+from heapq import heappush
+
 from rlsched.cluster.events import TrajectoryFinished
 from rlsched.cluster.ids import GpuState, TrajStatus
 
 from .core import DriverCore
 from .engine import EngineSim
-from .timers import Call
+from .timers import NORMAL, Call
 from .traj import SimTraj
 
 _INF = float("inf")
@@ -144,7 +146,7 @@ class Lifecycle(DriverCore):
             ev: object = t
         else:
             ev = Call(self._env_callbacks, None, t, token)
-        self._schedule(ev, delay)
+        heappush(self._queue, (self.now + (delay if delay > 0.0 else 0.0), NORMAL, next(self._eid), ev))
 
     def _rejoin_after_tool(self, t: SimTraj) -> None:
         """Moved off its engine during tool time: join the queue of its new engine (or of

@@ -199,7 +199,7 @@ class Roles(DriverCore):
         self.state.add_engine(es)
         eng = EngineSim(e, gpus[0], self.cfg.tp, self.cost, self.kv_capacity, version=v, es=es)
         eng.updated = eng.stall_end = self.now
-        eng.schedule, eng.wake_callbacks = self._schedule, self._wake_callbacks
+        eng.queue, eng.eid, eng.wake_callbacks = self._queue, self._eid, self._wake_callbacks
         eng.count_in(self.kv_pool)
         # An engine opens once per GPU of it whose switch ends (all at one instant); it
         # reports EngineIdle only if its GPUs were not already idle rollout.

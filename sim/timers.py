@@ -7,9 +7,11 @@ queue -- with the same semantics, so SimPy's events, processes and ``run`` work 
 unchanged and nothing reads a private field of SimPy. The driver steps the same heap
 itself (``DriverCore._run_until``, compiled) and puts its timers on it with one
 ``heappush`` of the ``(time, priority, id, event)`` tuple ``schedule`` would push
-(``DriverCore._schedule``): same key, so ties still break in insertion order and runs stay
-deterministic. Stepping it through a Python ``step`` per event instead costs about 0.3 us
-an event (sim/COST_MODEL.md, "SimPy's public API").
+(``DriverCore._later``, the tool-call and wake-up timers in :mod:`.lifecycle`,
+:mod:`.turns` and :mod:`.engine`, through ``DriverCore._queue``/``_eid``, which are this
+heap and counter): same key, so ties still break in insertion order and runs stay
+deterministic. Calling SimPy's own ``schedule`` and ``step`` per event instead costs about
+0.3 us an event (sim/COST_MODEL.md, "SimPy's public API").
 
 A timer needs no ``simpy.Timeout`` and no closure: :class:`Call` is the smallest object
 with SimPy's event protocol (``callbacks``, and ``ok``: it never fails). Objects that are

@@ -20,6 +20,7 @@ have changed (a decoding engine, not syncing, whose GPUs already show GENERATE:
 
 from __future__ import annotations
 
+from heapq import heappush
 from typing import Any
 
 from rlsched.cluster.events import EngineIdle
@@ -27,7 +28,7 @@ from rlsched.cluster.ids import GpuState, TrajStatus
 
 from .engine import EngineSim
 from .gpus import CODE
-from .timers import Call
+from .timers import NORMAL, Call
 from .traj import SimTraj
 
 _INF = float("inf")
@@ -102,7 +103,7 @@ def turn_done(d: Any, t: SimTraj, eng: EngineSim) -> None:
             ev: object = t
         else:
             ev = Call(d._env_callbacks, None, t, token)
-        d._schedule(ev, delay)
+        heappush(d._queue, (d.now + (delay if delay > 0.0 else 0.0), NORMAL, next(d._eid), ev))
     else:
         t.waiting_sandbox = True
         d.sandbox_queue.append(t)

@@ -18,6 +18,8 @@ with a message instead of hanging the suite.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -35,7 +37,6 @@ from rlsched.policies import make_policy
 from rlsched.sim.cost import CostModel
 from rlsched.sim.engine import EngineSim
 from rlsched.sim.run import SimOutcome, simulate
-from rlsched.sim.timers import SimEnvironment
 from rlsched.sim.workload import Workload
 from rlsched.traces import draw_batches, load_trace, sample_trace_path
 
@@ -170,30 +171,20 @@ def test_elastic_edges_make_progress(spec, gpus, tp):
     sim(w, batches, spec, gpus=gpus, tp=tp)
 
 
-def _wake_env(eng: EngineSim, start: float) -> SimEnvironment:
-    """The simulator's SimPy environment at ``start``, on which ``eng`` schedules its
-    wake-ups (as the driver's DriverCore._schedule does, with no callbacks to run)."""
-    env = SimEnvironment(start)
-    eng.schedule = lambda ev, delay: env.schedule(ev, simpy.events.NORMAL, max(delay, 0.0))
-    eng.wake_callbacks = ()
-    return env
-
-
 def test_engine_wakes_when_a_finish_is_below_the_clock_resolution():
     """At t=1e12 s a clock tick is ~1.2e-4 s; a member 0.002 tokens short of its target
     (above pop_due's tolerance) finishes in ~2e-5 s, which rounds to "now": the engine
     re-armed its wake-up for the same instant forever (seen with switch_s=1e12)."""
     eng = EngineSim(0, 0, 1, COST, COST.kv_capacity_tokens(1))
+    eng.queue, eng.eid, eng.wake_callbacks = [], itertools.count(), ()
     now = 1e12
-    env = _wake_env(eng, now)
     eng.updated = eng.stall_end = now
     eng.join(now, "a", 100, 0, 42)
     eng.progress = 42 - 0.002  # (where a run's accumulated rounding left it)
     done: list = []
     for _ in range(10):
         eng.rearm(now)
-        now = env.peek()
-        env.step()
+        now, *_ = heapq.heappop(eng.queue)
         eng.wake_at = float("inf")
         done += eng.pop_due(now)
         if done:
@@ -218,15 +209,14 @@ def test_engine_never_ends_a_turn_early():
     any member within 1e-6 * (1 + target) tokens of its target as done -- microseconds
     early at 1 s per token, enough to finish a run below its lower bound."""
     eng = EngineSim(0, 0, 1, FINE, FINE.kv_capacity_tokens(1))
-    env = _wake_env(eng, 0.0)
+    eng.queue, eng.eid, eng.wake_callbacks = [], itertools.count(), ()
     eng.join(0.0, "a", 0, 0, 3)
     eng.rearm(0.0)  # wake at t=3 for "a" at the batch-of-one rate
     eng.join(0.0, "b", 0, 800, 10)  # prefill stall, then every step ~1e-7 slower
     a_ends = eng.stall_end + 3 / eng.rate
     done: list = []
     for _ in range(10):
-        now = env.peek()
-        env.step()
+        now, *_ = heapq.heappop(eng.queue)
         eng.wake_at = float("inf")
         done += eng.pop_due(now)
         if done:
