@@ -5,9 +5,10 @@ engines (:mod:`.roles`), the trainer and weight sync (:mod:`.training`) and the 
 (:mod:`.recording`) share; :class:`~rlsched.sim.driver.SimDriver` combines them. They are
 split by job, not by layer: each module's methods call the others' through ``self``.
 
-Timers (:mod:`.timers`) are plain objects pushed onto SimPy's queue, not
-``simpy.Timeout`` objects with a closure each. The current time is kept in ``self.now``
-(set when each timer fires) instead of reading ``env.now`` per use, and the
+Timers (:mod:`.timers`) are plain objects pushed onto the environment's event queue
+(:class:`~.timers.SimEnvironment`, whose public ``heap`` SimPy's ``schedule`` and ``step``
+use too), not ``simpy.Timeout`` objects with a closure each. The current time is kept in
+``self.now`` (set when each timer fires) instead of reading ``env.now`` per use, and the
 policy-visible clock (``ClusterState.advance``) is moved only where it is read: before
 the policy sees an event and where a trajectory is marked dispatched or finished.
 """
@@ -36,7 +37,7 @@ from .cost import CostModel
 from .engine import EngineSim, KvPool
 from .gpus import GpuStates
 from .memory import trainer_floor
-from .timers import NORMAL, Call, queue_of
+from .timers import NORMAL, Call, SimEnvironment
 from .trainer import TrainerSim
 from .traj import SimTraj
 from .workload import Batches, Workload
@@ -97,7 +98,7 @@ class DriverCore:
         self.cost = cost
         self.rec = recorder
         self.progress = progress
-        self.env = simpy.Environment()
+        self.env = SimEnvironment()
         index = workload.index
         self.state = ClusterState(
             config.gpus, config.tp,
@@ -155,7 +156,7 @@ class DriverCore:
         self._wake_callbacks = (partial(wake_timer, self),)
         self._env_callbacks = (partial(env_timer, self),)
         self.now = 0.0  # simulated time of the timer being processed
-        self._queue, self._eid = queue_of(self.env)  # see .timers
+        self._queue, self._eid = self.env.heap, self.env.ids  # (see .timers)
         self._switch_gid: dict[int, int] = {}  # GPU -> switch group it is switching with
         self.fault = FaultState(faults)  # see .faults
 
@@ -182,7 +183,8 @@ class DriverCore:
         """``env.run(until=until)``, stepping SimPy's queue here: the same events in the
         same order with the same effects as ``Environment.step`` (pop the earliest
         ``(time, priority, id, event)``, set the clock, detach and call the event's
-        callbacks, raise a failed event's exception unless it was defused). Compiled
+        callbacks, raise a failed event's exception unless it was defused -- read through
+        the event's public ``ok``, ``defused`` and ``value``). Compiled
         (``core.pxd``) it spares the Python call ``step`` costs per event; as Python it
         is ``env.run`` without the ``StopSimulation`` callback.
 
@@ -190,7 +192,7 @@ class DriverCore:
         compiled) are handled without SimPy's attribute protocol: their callbacks are a C
         field, they never fail, their callbacks read the clock from ``self.now`` and never
         schedule through SimPy, and they cannot be ``until`` nor trigger it -- so
-        ``env._now`` is brought up to date only before any other event and on the way out."""
+        ``env.clock`` is brought up to date only before any other event and on the way out."""
         env = self.env
         queue = self._queue
         if until.callbacks is None:  # (already processed)
@@ -198,7 +200,7 @@ class DriverCore:
         try:
             self._step_until(env, queue, until)
         finally:
-            env._now = self.now
+            env.clock = self.now
 
     def _step_until(self, env: simpy.Environment, queue: list, until: simpy.Event) -> None:
         while True:
@@ -222,14 +224,15 @@ class DriverCore:
                 for callback in callbacks:
                     callback(event)
                 continue
-            env._now = now
+            env.clock = now
             callbacks = event.callbacks
             event.callbacks = None
             for callback in callbacks:
                 callback(event)
-            if not event._ok and not hasattr(event, "_defused"):
-                exc = type(event._value)(*event._value.args)
-                exc.__cause__ = event._value
+            if not event.ok and not event.defused:
+                failure = event.value
+                exc = type(failure)(*failure.args)
+                exc.__cause__ = failure
                 raise exc
             if until.callbacks is None:  # (until has been processed)
                 return

@@ -54,7 +54,7 @@ class KvPool:
 class EngineSim:
     """Timing state of one rollout engine (the policy-visible part is its ``es``)."""
 
-    _ok = True  # (SimPy event protocol, see the driver's wake-up timer)
+    ok = True  # (SimPy event protocol, see the driver's wake-up timer)
 
     __slots__ = (
         "_comp_den", "_expert", "_kv_tok", "_mem_den", "_miss", "_overhead", "_params2", "_per_seq",

@@ -20,12 +20,12 @@ class SimTraj:
 
     Identity-hashed: engines key their batch and KV tables by these objects, so the hot
     path never looks a trajectory up by id. It is also the SimPy event of its own
-    tool-call timer (``callbacks``/``_ok``, like :class:`~rlsched.sim.timers.Call`)
+    tool-call timer (``callbacks``/``ok``, like :class:`~rlsched.sim.timers.Call`)
     whenever no such timer of it is pending, which saves allocating one object per
     simulated turn.
     """
 
-    _ok = True  # (SimPy event protocol)
+    ok = True  # (SimPy event protocol: it never fails)
 
     __slots__ = (
         "callbacks", "charged", "ctx", "env_token", "fault_hits", "first", "generated", "hung",
