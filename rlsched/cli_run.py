@@ -242,7 +242,16 @@ def finish_live(out: Path, run_dir: Path) -> None:
         typer.echo(f"live run written to {out} (the layout before summary.csv/runs/; "
                    f"make a report with: rlsched report {out} --out DIR)", err=True)
         return
+    import time
+
+    import pandas as pd
+
+    from rlsched.compare import TIMING_COLUMNS
+
     record = read_run(run_dir)
+    spec = record.meta.get("spec_as_given") or record.meta.get("policy")
+    timing = [("live", spec, f"runs/{run_dir.name}", float(record.meta.get("wall_seconds", float("nan"))))]
+    t0 = time.perf_counter()
     row = live_summary(out, [run_dir]).iloc[0]
     # one line, not ui.print_summary's table: that one is titled "(simulated)"
     typer.echo(f"{row['policy']}: {int(row['steps'])} steps in {row['sim_seconds']:,.1f}s live, "
@@ -251,11 +260,15 @@ def finish_live(out: Path, run_dir: Path) -> None:
     if record.meta.get("complete"):
         from rlsched.analysis.report import write_report
 
-        write_report([run_dir], out, title=f"rlsched run --live: {record.meta.get('spec_as_given') or record.meta.get('policy')}")
+        write_report([run_dir], out, title=f"rlsched run --live: {spec}")
+        timing.append(("report", "", "", time.perf_counter() - t0))
         console_err().print(f"report: {out / 'report.html'}")
     else:
+        timing.append(("summary", "", "", time.perf_counter() - t0))
         console_err().print(f"the run stopped before its last step (complete=false): no report "
                             f"(make one with: rlsched report {run_dir} --out DIR)")
+    # the host's seconds, as compare writes them (the live run's own: part "live")
+    pd.DataFrame(timing, columns=list(TIMING_COLUMNS)).to_csv(out / "timing.csv", index=False)
     typer.echo(f"live run written to {out}")
 
 
