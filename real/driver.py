@@ -165,7 +165,8 @@ def make_env(settings: Any) -> Any:
         from .sandbox import Limits
 
         limits = Limits(wall_seconds=s.tool_seconds, cpu_seconds=max(1, min(10, int(s.tool_seconds))))
-        kw = {"max_turns": s.max_turns, "isolation": s.isolation, "limits": limits}
+        kw = {"max_turns": s.max_turns, "isolation": s.isolation, "limits": limits,
+              "accept_weak_sandbox": s.accept_weak_sandbox or None}
     return make_environment(s.env, **kw)
 
 
@@ -388,6 +389,8 @@ class _Run:
         resumes = list(prior.get("resumes", []))
         if r is not None:
             resumes.append({"from_version": r.version, "at_seconds": r.time, "rerun": self.rerun})
+        from .sandbox import sandbox_meta
+
         meta = {
             "driver": "live",
             "policy": self.canonical,
@@ -413,6 +416,8 @@ class _Run:
             "measurements": _merge_measurements(prior.get("measurements") or {}, _measurements(driver)),
             "resumes": resumes,
             "sandbox_slots": min(self.run.sandbox_slots, self.settings.env_workers),  # tool calls at once, live
+            "sandbox": (sandbox_meta(self.settings.isolation, accept_weak=self.settings.accept_weak_sandbox)
+                        if self.settings.env == "coding" else None),  # what this host gave the tools
             "logging": self.config.get("logging"),
             **({"faults": driver.faults.close(), "fault_schedule": self.run.faults.to_dict()}
                if driver.faults is not None else {}),

@@ -41,6 +41,9 @@ class LiveSettings:
     lr: float = 1e-4
     env_workers: int = 8  # concurrent environment (tool) calls
     isolation: str = "auto"  # sandbox isolation for the coding environment
+    # run tools in a sandbox weaker than sandbox.LIVE_MINIMUM (named so: an agent under RL
+    # will find every gap; the run meta records what held)
+    accept_weak_sandbox: bool = False
     tasks: tuple[str, ...] = ()  # task ids to draw from, in order (empty: all of the environment's)
     tool_seconds: float = 30.0  # wall-clock limit of one sandboxed command
     step_slice_s: float = 0.25  # longest engine call before the driver regains control

@@ -288,6 +288,15 @@ def probe_isolation(root: str | None = None) -> str:
 
 
 @functools.cache
+def sandbox_meta(isolation: str = "auto", *, accept_weak: bool = False) -> dict[str, object]:
+    """What the tools' sandbox guarantees on this host, for a live run's meta: the mode, each
+    guarantee, which of :data:`LIVE_MINIMUM` are missing and whether less was accepted -- so a
+    reader of the record can tell whether reward could have been hacked. (Cached probe.)"""
+    g = probe_guarantees(None, isolation)
+    return {**g.as_dict(), "live_minimum": list(LIVE_MINIMUM), "missing": g.missing(LIVE_MINIMUM),
+            "accepted_weak": bool(accept_weak)}
+
+
 def probe_guarantees(root: str | None = None, isolation: str = "auto") -> Guarantees:
     """Which guarantees hold for ``isolation`` on this host (cgroups and quota are tried)."""
     mode = probe_isolation(root) if isolation == "auto" else isolation
