@@ -153,7 +153,10 @@ class Training(DriverCore):
             trained = tr.accumulated
             st.queued_optimizer_steps -= 1
             st.mark_trained(trained, st.version)
-            stale = max((st.version - st.trajs[t].min_version for t in trained), default=0)
+            # (a trajectory cut before its first turn finished has no token of any version:
+            # min_version -1 is not a staleness; as analysis and the live driver count it)
+            stale = max((st.version - st.trajs[t].min_version for t in trained
+                         if st.trajs[t].min_version >= 0), default=0)
             self._steps.append({
                 "version": st.version + 1, "time": now, "trajectories": len(trained),
                 "trained_tokens": int(sum(self._trained_tokens(t) for t in trained)),
