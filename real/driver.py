@@ -171,6 +171,10 @@ class _Run:
         s = self.settings
         check_capacity(self.gpus, self.tp)
         self.model_dir = resolve_model(s.model, s.cache_path(), seed=self.seed)
+        if s.warm_start_steps:  # issue #25: a supervised warm start from demonstrations
+            from .warm_start import warm_start
+
+            self.model_dir = warm_start(self.model_dir, s, seed=self.seed)
         tasks = self._task_ids()
         settled = self.resumed.settled_ids() if self.resumed else set()
         batches, k, index = [], 0, 0

@@ -36,7 +36,7 @@ class Environment(Protocol):
     def close(self) -> None: ...
 
 
-ENVIRONMENTS = ("coding",)
+ENVIRONMENTS = ("coding", "lookup")
 
 
 def make_environment(name: str = "coding", **kw: object) -> Environment:
@@ -45,4 +45,8 @@ def make_environment(name: str = "coding", **kw: object) -> Environment:
         from .env_coding import CodingEnvironment
 
         return CodingEnvironment(**kw)  # type: ignore[arg-type]
+    if name == "lookup":
+        from .env_lookup import LookupEnvironment
+
+        return LookupEnvironment(**kw)  # type: ignore[arg-type]
     raise ConfigError(f"environment {name!r}: expected one of {', '.join(ENVIRONMENTS)}")
