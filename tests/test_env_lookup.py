@@ -92,7 +92,7 @@ def test_demonstrations_read_the_file_as_often_as_asked() -> None:
 def test_warm_start_settings_are_checked() -> None:
     s = LiveSettings.from_config({"env": "lookup", "warm_start_steps": 10, "warm_start_tool_share": 0.15})
     assert s.warm_start_steps == 10 and s.warm_start_tool_share == 0.15
-    with pytest.raises(ConfigError, match="warm_start_tool_share=1.5"):
+    with pytest.raises(ConfigError, match=r"warm_start_tool_share=1\.5"):
         LiveSettings.from_config({"warm_start_tool_share": 1.5})
     with pytest.raises(ConfigError, match="warm_start_steps=-1"):
         LiveSettings.from_config({"warm_start_steps": -1})

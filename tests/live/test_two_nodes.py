@@ -6,7 +6,6 @@ sync included (weights travel through the object store, not a shared process).""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -42,7 +41,6 @@ def two_nodes():
 
 def test_live_run_spans_two_ray_nodes(two_nodes, tiny_cache, tmp_path, monkeypatch) -> None:
     import pandas as pd
-    import ray
 
     from rlsched.cluster.config import RunConfig
     from rlsched.policies import make_policy_and_spec
