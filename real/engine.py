@@ -29,6 +29,7 @@ CPU). Requests in flight keep their KV and continue with the new weights.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -254,7 +255,7 @@ class VllmEngine:
                     continue
                 ids = list(out.outputs[0].token_ids)
                 produced += len(ids) - len(live.tokens)
-                live.logprobs += _sampled_logprobs(out.outputs[0].logprobs, ids, len(live.tokens))
+                live.logprobs += _sampled_logprobs(getattr(out.outputs[0], "logprobs", None), ids, len(live.tokens))
                 live.versions += [self.version] * (len(ids) - len(live.tokens))
                 live.tokens = ids
                 if out.finished:
@@ -306,10 +307,15 @@ class VllmEngine:
 def _sampled_logprobs(logprobs: Any, ids: list[int], start: int) -> list[float]:
     """The log-probability of each sampled token ``ids[start:]`` from vLLM's per-position
     logprob dicts (``SamplingParams(logprobs=0)`` holds the sampled token at each position;
-    cumulative output: positions before ``start`` were read on an earlier iteration)."""
-    if logprobs is None or len(logprobs) < len(ids):
-        raise LiveBackendError(f"vLLM returned {0 if logprobs is None else len(logprobs)} logprobs for {len(ids)} tokens")
-    return [float(logprobs[i][ids[i]].logprob) for i in range(start, len(ids))]
+    cumulative output: positions before ``start`` were read on an earlier iteration).
+    Positions vLLM gave none for are NaN: harmless for on-policy tokens, and the loss
+    refuses a stale token without one (``pg_loss.collate_behaviour``) rather than guess."""
+    out = []
+    for i in range(start, len(ids)):
+        entry = logprobs[i] if logprobs is not None and i < len(logprobs) else None
+        lp = entry.get(ids[i]) if entry else None
+        out.append(float(lp.logprob) if lp is not None else math.nan)
+    return out
 
 
 def engine_actor_class():  # -> ray.actor.ActorClass
