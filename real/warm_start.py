@@ -49,6 +49,7 @@ class WarmSpec:
     tool_share: float
     seed: int
     max_observation_tokens: int
+    code: str = ""  # digest of the code that writes the demonstrations (a change rebuilds)
     format: str = FORMAT
 
     def key(self) -> str:
@@ -62,6 +63,16 @@ def _base_stamp(model_dir: Path) -> str:
     return ";".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in sorted(model_dir.glob("*.safetensors")))
 
 
+def _code_digest() -> str:
+    """The demonstration code's digest: the environment, the agent loop's tokenization and
+    this module (so an edited task never reuses a stale warm-started checkpoint)."""
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for name in ("env_lookup.py", "agent_loop.py", "warm_start.py"):
+        h.update((here / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def spec_for(model_dir: Path, settings: object, seed: int) -> WarmSpec:
     s = settings
     return WarmSpec(
@@ -69,6 +80,7 @@ def spec_for(model_dir: Path, settings: object, seed: int) -> WarmSpec:
         steps=s.warm_start_steps, demos=s.warm_start_demos, lr=s.warm_start_lr,  # type: ignore[attr-defined]
         tool_share=s.warm_start_tool_share, seed=seed,  # type: ignore[attr-defined]
         max_observation_tokens=s.max_observation_tokens,  # type: ignore[attr-defined]
+        code=_code_digest(),
     )
 
 
