@@ -20,7 +20,7 @@ import pytest
 pytestmark = pytest.mark.live
 
 LEARN = {  # configs/live-learn.toml's [live] table
-    "env": "lookup", "tasks_per_step": 4, "samples_per_task": 8, "max_turns": 3,
+    "env": "lookup", "tasks_per_step": 4, "samples_per_task": 16, "max_turns": 3,
     "max_tokens_per_turn": 16, "max_observation_tokens": 64, "kv_cache_mb": 64, "tool_seconds": 5.0,
     "lr": 1e-3, "warm_start_steps": 150, "warm_start_lr": 3e-3, "warm_start_tool_share": 0.15,
     "max_wall_s": 1500.0,
@@ -79,7 +79,7 @@ def test_lookup_rewards_vary_and_rise_under_one_step_stale_training(tiny_cache, 
     out, meta = _run("async:staleness=1", STEPS, tmp_path / "async", tiny_cache)
     c = curve(out)
     print("\n" + c[["step", "reward", "groups_varying", "stale_tokens", "truncated_fraction"]].to_string(index=False))
-    assert len(c) == STEPS and (c["trajectories"] == 32).all()
+    assert len(c) == STEPS and (c["trajectories"] == 64).all()
     assert c["groups_varying"].iloc[0] > 0, "rewards must vary within some group at the first step"
     first, last = c["reward"].head(4).mean(), c["reward"].tail(4).mean()
     assert first < 0.35, f"the warm-started policy should rarely read the file (first-4-step reward {first:.3f})"
