@@ -104,3 +104,36 @@ def test_a_warm_start_needs_an_environment_with_demonstrations(tmp_path) -> None
     s = LiveSettings.from_config({"env": "coding", "warm_start_steps": 10})
     with pytest.raises(ConfigError, match="environment 'coding' has no demonstrations"):
         warm_start(tmp_path, s, seed=0)
+
+
+class FakeFlakySandbox:
+    """A fake sandbox whose first ``fails`` runs hit a setup failure, as the real one's
+    ``root`` isolation occasionally does while other episodes' sandboxes close."""
+
+    def __init__(self, real, fails: int) -> None:
+        self.real, self.fails, self.calls = real, fails, 0
+
+    def run(self, command):
+        from rlsched.cluster.errors import LiveBackendError
+
+        self.calls += 1
+        if self.calls <= self.fails:
+            raise LiveBackendError("sandbox: mount /tmp/rlsched-sbx-x: No such file or directory")
+        return self.real.run(command)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def test_a_transient_sandbox_setup_failure_is_retried_and_a_lasting_one_raised(env) -> None:
+    from rlsched.cluster.errors import LiveBackendError
+    from rlsched.real.env_lookup import SETUP_RETRIES
+
+    env.reset("lookup-vault", seed=2)
+    env._box = FakeFlakySandbox(env._box, fails=2)
+    assert env.step(f"RUN: {read_command('lookup-vault')}").reward == 1.0
+    env.reset("lookup-vault", seed=2)
+    env._box = flaky = FakeFlakySandbox(env._box, fails=SETUP_RETRIES + 1)
+    with pytest.raises(LiveBackendError, match="sandbox: mount"):
+        env.step("RUN: ls")
+    flaky.real.close()
