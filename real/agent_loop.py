@@ -12,6 +12,12 @@ once with sentinel messages to find the strings around a user message and betwee
 (so a real checkpoint's format is used unchanged and the tiny model's template is just
 another template). Generated tokens carry loss mask 1; prompt, observation and template
 tokens carry 0.
+
+Behaviour: each generated token also keeps the engine's log-probability of it and the
+weights version that generated it (``behaviour_logprobs`` / ``token_versions``, aligned
+with ``token_ids``; NaN / -1 at prompt, observation and template positions), so the trainer
+can correct for staleness per token (``pg_loss.py``) -- a turn may straddle a weight sync
+or a migration, and its tokens then carry different versions.
 """
 
 from __future__ import annotations
@@ -140,9 +146,13 @@ class AgentTrajectory:
     seed: int
     token_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
+    behaviour_logprobs: list[float] = field(default_factory=list)  # per token; NaN if not generated
+    token_versions: list[int] = field(default_factory=list)  # per token; -1 if not generated
     rows: list[TurnRow] = field(default_factory=list)
     pending_prompt: int = 0  # tokens appended since the last generation started
     partial: list[int] = field(default_factory=list)  # this turn's output kept so far
+    partial_logprobs: list[float] = field(default_factory=list)
+    partial_versions: list[int] = field(default_factory=list)
     partial_version: int = -1
     reward: float = 0.0
     done: bool = False
@@ -163,16 +173,22 @@ class AgentTrajectory:
     def start(self, codec: Codec, prompt: str) -> None:
         ids = codec.encode(codec.format.first(prompt))
         self.token_ids, self.loss_mask = list(ids), [0] * len(ids)
+        self.behaviour_logprobs, self.token_versions = [math.nan] * len(ids), [-1] * len(ids)
         self.pending_prompt, self.started = len(ids), True
 
     def context(self) -> list[int]:
         """The tokens to prefill: kept context plus this turn's partial output."""
         return self.token_ids + self.partial
 
-    def add_output(self, ids: list[int], version: int) -> None:
-        """Generated tokens of the current turn (possibly a piece, on migration)."""
+    def add_output(self, ids: list[int], version: int, logprobs: list[float] | None = None,
+                   versions: list[int] | None = None) -> None:
+        """Generated tokens of the current turn (possibly a piece, on migration), with the
+        engine's log-probability and generating version of each (absent: unknown
+        log-probability, every token of ``version``)."""
         if ids:
             self.partial.extend(ids)
+            self.partial_logprobs.extend(logprobs if logprobs and len(logprobs) == len(ids) else [math.nan] * len(ids))
+            self.partial_versions.extend(versions if versions and len(versions) == len(ids) else [version] * len(ids))
             self.generated += len(ids)
             self.partial_version = version if self.partial_version < 0 else min(self.partial_version, version)
 
@@ -182,7 +198,10 @@ class AgentTrajectory:
         v = self.partial_version if self.partial_version >= 0 else version
         self.token_ids += out
         self.loss_mask += [1] * len(out)
+        self.behaviour_logprobs += self.partial_logprobs
+        self.token_versions += self.partial_versions
         self.partial, self.partial_version = [], -1
+        self.partial_logprobs, self.partial_versions = [], []
         return out, v
 
     def record_turn(self, output: int, env_seconds: float, version: int) -> None:
@@ -196,13 +215,17 @@ class AgentTrajectory:
             ids = ids[: max(0, max_tokens - len(tail))] + tail
         self.token_ids += ids
         self.loss_mask += [0] * len(ids)
+        self.behaviour_logprobs += [math.nan] * len(ids)
+        self.token_versions += [-1] * len(ids)
         self.pending_prompt += len(ids)
 
     def restart(self) -> None:
         """Interrupt without keeping progress: back to turn 0 (the env is reset again)."""
         self.wasted += sum(self.loss_mask) + len(self.partial)
         self.token_ids, self.loss_mask, self.rows = [], [], []
+        self.behaviour_logprobs, self.token_versions = [], []
         self.partial, self.partial_version = [], -1
+        self.partial_logprobs, self.partial_versions = [], []
         self.pending_prompt, self.started, self.done, self.truncated = 0, False, False, False
         self.reward = 0.0
 

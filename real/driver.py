@@ -202,6 +202,10 @@ class _Run:
         s = self.settings
         check_capacity(self.gpus, self.tp)
         self.model_dir = resolve_model(s.model, s.cache_path(), seed=self.seed)
+        if s.warm_start_steps:  # issue #25: a supervised warm start from demonstrations
+            from .warm_start import warm_start
+
+            self.model_dir = warm_start(self.model_dir, s, seed=self.seed)
         tasks = self._task_ids()
         settled = self.resumed.settled_ids() if self.resumed else set()
         batches, k, index = [], 0, 0
@@ -417,7 +421,7 @@ class _Run:
             "resumes": resumes,
             "sandbox_slots": min(self.run.sandbox_slots, self.settings.env_workers),  # tool calls at once, live
             "sandbox": (sandbox_meta(self.settings.isolation, accept_weak=self.settings.accept_weak_sandbox)
-                        if self.settings.env == "coding" else None),  # what this host gave the tools
+                        if self.settings.env in ("coding", "lookup") else None),  # the tools' sandbox on this host
             "logging": self.config.get("logging"),
             **({"faults": driver.faults.close(), "fault_schedule": self.run.faults.to_dict()}
                if driver.faults is not None else {}),

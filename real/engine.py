@@ -29,6 +29,7 @@ CPU). Requests in flight keep their KV and continue with the new weights.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -72,13 +73,22 @@ class TurnRequest:
 @dataclass(frozen=True)
 class TurnOutput:
     """Tokens a request produced. ``finished`` False: it was aborted (``token_ids`` is the
-    progress it had made). ``stopped`` True: it ended on a stop token, not the length cap."""
+    progress it had made). ``stopped`` True: it ended on a stop token, not the length cap.
+
+    ``logprobs[i]`` is the behaviour log-probability of ``token_ids[i]`` as vLLM sampled it
+    (its ``raw_logprobs``: log-softmax of the model's logits, the quantity the trainer
+    recomputes) and ``versions[i]`` the weights version the engine held when it generated
+    that token -- a turn may straddle a weight sync, since requests in flight keep their KV
+    and continue with the new weights. Both are empty only for a request that made no
+    progress; the off-policy correction of the loss (``pg_loss.py``) reads them."""
 
     rid: str
     token_ids: list[int]
     finished: bool
     stopped: bool
     seconds: float
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,11 @@ class StepReport:
 class _Live:
     start: float
     tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    def output(self, rid: str, finished: bool, stopped: bool, now: float) -> TurnOutput:
+        return TurnOutput(rid, self.tokens, finished, stopped, now - self.start, self.logprobs, self.versions)
 
 
 class VllmEngine:
@@ -163,6 +178,7 @@ class VllmEngine:
         return SamplingParams(
             n=1, temperature=req.temperature, max_tokens=req.max_tokens, seed=req.seed,
             stop_token_ids=list(req.stop_ids), detokenize=False,
+            logprobs=0,  # the sampled token's own log-probability: the behaviour policy
         )
 
     def submit(self, add: Iterable[TurnRequest] = (), abort: Iterable[str] = ()) -> int:
@@ -191,7 +207,7 @@ class VllmEngine:
                 self._aborted_early.add(rid)  # not added yet (or already finished)
                 continue
             self.core.abort_request([rid])
-            outputs.append(TurnOutput(rid, live.tokens, False, False, now - live.start))
+            outputs.append(live.output(rid, False, False, now))
         for req in add:
             if req.rid in self._aborted_early:
                 self._aborted_early.discard(req.rid)
@@ -239,11 +255,13 @@ class VllmEngine:
                     continue
                 ids = list(out.outputs[0].token_ids)
                 produced += len(ids) - len(live.tokens)
+                live.logprobs += _sampled_logprobs(getattr(out.outputs[0], "logprobs", None), ids, len(live.tokens))
+                live.versions += [self.version] * (len(ids) - len(live.tokens))
                 live.tokens = ids
                 if out.finished:
                     del self.live[out.request_id]
                     stopped = out.outputs[0].finish_reason == "stop"
-                    outputs.append(TurnOutput(out.request_id, ids, True, stopped, time.perf_counter() - live.start))
+                    outputs.append(live.output(out.request_id, True, stopped, time.perf_counter()))
             if time.perf_counter() >= deadline:
                 break
         busy = time.perf_counter() - t0 - waited
@@ -284,6 +302,20 @@ class VllmEngine:
         if self.live:
             self.core.abort_request(list(self.live))
             self.live.clear()
+
+
+def _sampled_logprobs(logprobs: Any, ids: list[int], start: int) -> list[float]:
+    """The log-probability of each sampled token ``ids[start:]`` from vLLM's per-position
+    logprob dicts (``SamplingParams(logprobs=0)`` holds the sampled token at each position;
+    cumulative output: positions before ``start`` were read on an earlier iteration).
+    Positions vLLM gave none for are NaN: harmless for on-policy tokens, and the loss
+    refuses a stale token without one (``pg_loss.collate_behaviour``) rather than guess."""
+    out = []
+    for i in range(start, len(ids)):
+        entry = logprobs[i] if logprobs is not None and i < len(logprobs) else None
+        lp = entry.get(ids[i]) if entry else None
+        out.append(float(lp.logprob) if lp is not None else math.nan)
+    return out
 
 
 def engine_actor_class():  # -> ray.actor.ActorClass

@@ -47,7 +47,7 @@ class Environment(Protocol):
     def close(self) -> None: ...
 
 
-ENVIRONMENTS = ("coding",)
+ENVIRONMENTS = ("coding", "lookup")
 
 
 def make_environment(name: str = "coding", **kw: object) -> Environment:
@@ -57,6 +57,10 @@ def make_environment(name: str = "coding", **kw: object) -> Environment:
         from .env_coding import CodingEnvironment
 
         return Guarded(CodingEnvironment(**kw))  # type: ignore[arg-type]
+    if name == "lookup":
+        from .env_lookup import LookupEnvironment
+
+        return Guarded(LookupEnvironment(**kw))  # type: ignore[arg-type]
     raise ConfigError(f"environment {name!r}: expected one of {', '.join(ENVIRONMENTS)}")
 
 

@@ -6,8 +6,11 @@ with the population standard deviation. A group whose rewards are all equal (inc
 group of one) therefore gets advantage 0 everywhere: it carries no learning signal, and
 ``drop_zero=True`` leaves it out instead of spending compute on it.
 
-v1 has no reference model and no KL penalty (the policy-gradient loss in
-``pg_loss.py`` is the plain advantage-weighted log-likelihood of the sampled tokens).
+No reference model and no KL penalty. A trajectory that recorded its behaviour (the
+engine's log-probability of each generated token and the version that generated it:
+``behaviour_logprobs`` and ``token_versions``, aligned with ``token_ids``) carries them
+into its sample, with each token's staleness against the trainer's ``version``, so the
+loss (``pg_loss.py``) can correct for tokens an older policy generated.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ class Sample:
     loss_mask: list[int]
     advantage: float
     group: str
+    # Per position, aligned with token_ids (None: on-policy everywhere). The engine's
+    # log-probability of each generated token (NaN elsewhere) and its staleness (trainer
+    # version minus the version that generated it; 0 for non-generated positions).
+    behaviour_logprobs: list[float] | None = None
+    staleness: list[int] | None = None
 
     @property
     def trained_tokens(self) -> int:
@@ -66,10 +74,31 @@ def group_advantages(rewards: Sequence[float], eps: float = EPS) -> list[float]:
     return [(r - mean) / (std + eps) for r in rewards]
 
 
+def _behaviour(traj: object, index: int, version: int | None) -> tuple[list[float] | None, list[int] | None]:
+    """The trajectory's behaviour log-probabilities and per-token staleness at ``version``
+    (None, None when it recorded none or no trainer version is given)."""
+    logprobs = getattr(traj, "behaviour_logprobs", None)
+    versions = getattr(traj, "token_versions", None)
+    if version is None or logprobs is None or versions is None:
+        return None, None
+    n = len(traj.token_ids)  # type: ignore[attr-defined]
+    if len(logprobs) != n or len(versions) != n:
+        raise InvariantViolation(f"grpo: trajectory {index} has {n} tokens but {len(logprobs)} behaviour "
+                                 f"log-probabilities and {len(versions)} token versions")
+    stale = []
+    for v, m in zip(versions, traj.loss_mask, strict=True):  # type: ignore[attr-defined]
+        if m and v > version:
+            raise InvariantViolation(f"grpo: trajectory {index} has a token of version {v}, newer than the trainer's {version}")
+        stale.append(version - v if m and v >= 0 else 0)
+    return [float(x) for x in logprobs], stale
+
+
 def grpo_samples(
-    trajectories: Sequence[TrajectoryLike], *, eps: float = EPS, drop_zero: bool = False
+    trajectories: Sequence[TrajectoryLike], *, eps: float = EPS, drop_zero: bool = False,
+    version: int | None = None,
 ) -> list[Sample]:
-    """One :class:`Sample` per trajectory, in input order, with group-normalised advantages."""
+    """One :class:`Sample` per trajectory, in input order, with group-normalised advantages;
+    with the trainer's ``version``, each carries its behaviour and staleness too."""
     by_group: dict[str, list[int]] = {}
     for index, traj in enumerate(trajectories):
         if len(traj.token_ids) != len(traj.loss_mask):
@@ -91,12 +120,15 @@ def grpo_samples(
     for index, traj in enumerate(trajectories):
         if drop_zero and advantage[index] == 0.0:
             continue
+        behaviour, staleness = _behaviour(traj, index, version)
         samples.append(
             Sample(
                 token_ids=[int(t) for t in traj.token_ids],
                 loss_mask=[int(m) for m in traj.loss_mask],
                 advantage=advantage[index],
                 group=_group_of(traj),
+                behaviour_logprobs=behaviour,
+                staleness=staleness,
             )
         )
     return samples

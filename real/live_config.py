@@ -50,6 +50,12 @@ class LiveSettings:
     start_timeout_s: float = 600.0  # an engine/trainer must start within this
     max_wall_s: float = 3600.0  # stop (incomplete) after this long
     object_store_mb: int = 256
+    # Supervised warm start from the environment's generated demonstrations before RL
+    # (warm_start.py); 0 steps: none. tool_share: the share of demonstrations using the tool.
+    warm_start_steps: int = 0
+    warm_start_demos: int = 256
+    warm_start_lr: float = 3e-3
+    warm_start_tool_share: float = 0.1
     gpus: int = 0  # GPU slots of the live host; 0: [cluster] gpus
     tp: int = 0  # GPUs per live engine; 0: [cluster] tp
 
@@ -83,6 +89,13 @@ class LiveSettings:
         for name in ("lr", "step_slice_s", "start_timeout_s", "max_wall_s", "tool_seconds"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"[live] {name}={getattr(self, name)!r}: expected a number > 0")
+        if self.warm_start_steps < 0:
+            raise ConfigError(f"[live] warm_start_steps={self.warm_start_steps!r}: expected an integer >= 0 (0: no warm start)")
+        if self.warm_start_demos < 1 or not self.warm_start_lr > 0:
+            raise ConfigError(f"[live] warm_start_demos={self.warm_start_demos!r}, warm_start_lr={self.warm_start_lr!r}: "
+                              "expected an integer >= 1 and a number > 0")
+        if not 0.0 <= self.warm_start_tool_share <= 1.0:
+            raise ConfigError(f"[live] warm_start_tool_share={self.warm_start_tool_share!r}: expected a number in [0, 1]")
         for name in ("gpus", "tp"):
             v = getattr(self, name)
             if v < 0:

@@ -188,7 +188,7 @@ class Rollout:
                 t.generated += len(out.token_ids)
                 continue
             version = min(rt.turn_version, rep.version) if rt.turn_version >= 0 else rep.version
-            t.add_output(out.token_ids, version)
+            t.add_output(out.token_ids, version, out.logprobs, out.versions)
             if out.finished:  # an abort that crossed the finished turn: nothing more comes
                 rt.pending_abort = rt.want_turn = False
             else:  # aborted by a move or an interrupt: progress kept

@@ -82,6 +82,7 @@ class TrainerLane:
         stats = self.group.train_micro_batch(samples)
         self.pending_tokens += int(stats.get("trained_tokens", 0))
         stats["seconds"] = time.perf_counter() - t0
+        stats["version"] = self.version  # the weights it was trained at: its step's, for the record
         return stats
 
     def optimizer_step(self) -> Future[dict]:

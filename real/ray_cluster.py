@@ -10,6 +10,14 @@ On a CPU host the slots are logical; on a GPU host each slot is also one GPU
 
 Workers ask for no Ray CPUs (``num_cpus=0``): the slot resources bound concurrency, and
 each worker limits its own torch threads.
+
+A run may span an existing multi-node Ray cluster instead of a private local one: with
+``RLSCHED_RAY_ADDRESS`` set (say ``127.0.0.1:6390``), :func:`start_cluster` connects to it
+and checks that the nodes offer every slot resource between them (each node started with
+``ray start ... --resources '{"slot_0": 1}'`` for the slots it hosts). Placement is then
+Ray's: a worker for slot ``k`` runs on the node that has ``slot_k``. Nothing else assumes
+one host: weights travel through Ray's object store, the trainer's gloo group meets at
+rank 0's node address.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from rlsched.cluster.errors import LiveBackendError
 
 NAMESPACE = "rlsched-live"
 SLOT = "slot_{}"
+ADDRESS_ENV = "RLSCHED_RAY_ADDRESS"  # join this Ray cluster instead of starting a private one
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,9 @@ def start_cluster(
         )
     if ray.is_initialized():
         ray.shutdown()
+    address = os.environ.get(ADDRESS_ENV, "").strip()
+    if address:
+        return _join_cluster(address, num_slots, namespace, use_gpus)
     resources = {SLOT.format(k): 1.0 for k in range(num_slots)}
     t0 = time.perf_counter()
     try:
@@ -124,6 +136,43 @@ def start_cluster(
             "and that no stale raylet holds the ports (`ray stop`)"
         ) from None
     return SlotCluster(num_slots, use_gpus, namespace, time.perf_counter() - t0)
+
+
+def _join_cluster(address: str, num_slots: int, namespace: str, use_gpus: bool) -> SlotCluster:
+    """Connect to the Ray cluster at ``address``; its nodes must offer ``slot_0..slot_{n-1}``."""
+    import ray
+
+    t0 = time.perf_counter()
+    try:
+        ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level="ERROR",
+                 configure_logging=True)
+    except Exception as exc:  # Ray raises many types (no cluster there, version mismatch)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise LiveBackendError(f"live cluster: cannot join the Ray cluster at {ADDRESS_ENV}={address} ({first})") from None
+    total = ray.cluster_resources()
+    missing = [SLOT.format(k) for k in range(num_slots) if total.get(SLOT.format(k), 0.0) < 1.0]
+    if missing:
+        ray.shutdown()
+        raise LiveBackendError(
+            f"live cluster: the Ray cluster at {address} offers no {missing[0]} resource; start each node with "
+            f"ray start ... --resources '{{\"{missing[0]}\": 1}}' for the slots it hosts ({num_slots} in all)"
+        )
+    gpus = use_gpus and total.get("GPU", 0.0) >= num_slots
+    return SlotCluster(num_slots, bool(gpus), namespace, time.perf_counter() - t0)
+
+
+def slot_nodes() -> dict[int, str]:
+    """Slot -> the Ray node id that offers it (alive nodes; for reports and tests)."""
+    import ray
+
+    out: dict[int, str] = {}
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        for name in node.get("Resources", {}):
+            if name.startswith("slot_") and name[5:].isdigit():
+                out[int(name[5:])] = node["NodeID"]
+    return out
 
 
 def free_slots(cluster: SlotCluster) -> list[int]:

@@ -5,6 +5,10 @@ the trainer as they finish, so one micro-batch can hold part of a task's group. 
 advantage of each trajectory is normalised over every member of its group that has a
 final reward *by then* (finished or already trained), not only over the members that
 happen to share its micro-batch; with the whole group finished it is exactly GRPO.
+
+Each sample also carries its tokens' staleness against the version the trainer holds when
+the micro-batch runs (``st.version``: jobs run in order, so every earlier optimizer step
+has been applied), and the behaviour log-probabilities the engines recorded.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ def micro_batch_samples(
         if (t.step, t.task_id) in groups and t.token_ids
         and (t.tid in wanted or st.trajs[t.tid].status in _SETTLED)
     ]
-    samples = grpo_samples(members)
+    samples = grpo_samples(members, version=st.version)  # the version the trainer holds now
     out, tokens = [], {}
     for t, s in zip(members, samples, strict=True):
         if t.tid in wanted:

@@ -54,6 +54,24 @@ def _default_resources(slot: int) -> dict:
     return dict(helper(slot)) if callable(helper) else {}
 
 
+def _off_policy_stats(stats: Sequence[dict], trained: int) -> dict:
+    """The ranks' off-policy sums (``pg_loss.off_policy_loss_sum``) as one micro-batch's
+    figures: how many trained tokens were stale, by how much, how often the behaviour
+    weight was truncated or the PPO clip active, and the mean log behaviour ratio."""
+    total = {k: sum(r.get(k, 0.0) for r in stats) for k in
+             ("stale_tokens", "staleness_sum", "weight_sum", "truncated_tokens", "clipped_tokens", "log_ratio_sum")}
+    stale = total["stale_tokens"]
+    return {
+        "stale_tokens": int(stale),
+        "max_token_staleness": int(max((r.get("max_staleness", 0.0) for r in stats), default=0.0)),
+        "mean_token_staleness": total["staleness_sum"] / max(trained, 1),
+        "mean_behaviour_weight": total["weight_sum"] / max(trained, 1),
+        "truncated_fraction": total["truncated_tokens"] / max(trained, 1),
+        "clip_fraction": total["clipped_tokens"] / max(trained, 1),
+        "stale_log_ratio_mean": total["log_ratio_sum"] / stale if stale else 0.0,
+    }
+
+
 class TrainerGroup:
     """Driver-side handle over the trainer ranks (one Ray actor per slot)."""
 
@@ -166,6 +184,7 @@ class TrainerGroup:
             "world": len(self.slots),
             "seconds": time.perf_counter() - start,
             "rank_seconds": [r["seconds"] for r in stats],
+            **_off_policy_stats(stats, trained),
         }
 
     def optimizer_step(self) -> int:

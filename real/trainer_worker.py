@@ -30,7 +30,7 @@ from .dp_group import DataParallelGroup, open_store
 from .grpo import Sample
 from .megatron_cpu import apply_cpu_workarounds, init_single_process_megatron
 from .megatron_model import build_gpt_model, gpt_logits, read_hf_config
-from .pg_loss import collate, policy_gradient_loss_sum
+from .pg_loss import BEHAVIOUR_CAP, CLIP_EPS, collate, collate_behaviour, off_policy_loss_sum
 
 CHECKPOINT_FORMAT = "rlsched-trainer-v1"
 
@@ -63,6 +63,8 @@ class TrainWorker:
         threads: int = 1,
         max_tokens_per_forward: int = 8192,
         host: str = "127.0.0.1",
+        clip_eps: float = CLIP_EPS,
+        behaviour_cap: float = BEHAVIOUR_CAP,
     ) -> None:
         torch.set_num_threads(threads)
         self.cpu_workarounds = apply_cpu_workarounds()
@@ -79,6 +81,7 @@ class TrainWorker:
         self._set_megatron_weights(hf_to_megatron(load_hf_weights(model_dir), self.shape))
         self.max_grad_norm = max_grad_norm
         self.max_tokens_per_forward = max_tokens_per_forward
+        self.clip_eps, self.behaviour_cap = clip_eps, behaviour_cap
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay, foreach=False)
         for p in self.params:  # materialise AdamW state now so every rank has the same tensors
             self.optimizer.state[p] = {
@@ -202,13 +205,15 @@ class TrainWorker:
         self._check(samples)
         self.model.train()
         loss_total, trained, padded = 0.0, 0, 0
+        totals: dict[str, float] = {}
         for chunk in self._chunks(samples):
-            tokens, mask, advantages = (t.to(self.device) for t in collate(chunk))
-            loss, n = policy_gradient_loss_sum(gpt_logits(self.model, tokens), tokens, mask, advantages)
+            loss, n, stats, numel = self._loss(chunk)
             loss.backward()
             loss_total += float(loss.item())
             trained += n
-            padded += tokens.numel()
+            padded += numel
+            for k, v in stats.items():
+                totals[k] = max(totals.get(k, 0.0), v) if k == "max_staleness" else totals.get(k, 0.0) + v
         self.pending_tokens += trained
         return {
             "loss_sum": loss_total,
@@ -216,17 +221,26 @@ class TrainWorker:
             "tokens": sum(len(s.token_ids) for s in samples),
             "padded_tokens": padded,
             "seconds": time.perf_counter() - start,
+            **totals,
         }
+
+    def _loss(self, chunk: Sequence[Sample]) -> tuple[torch.Tensor, int, dict[str, float], int]:
+        """The off-policy-corrected loss sum of one forward pass (``pg_loss.py``)."""
+        tokens, mask, advantages = (t.to(self.device) for t in collate(chunk))
+        off = collate_behaviour(chunk).to(self.device)
+        loss, n, stats = off_policy_loss_sum(gpt_logits(self.model, tokens), tokens, mask, advantages, off,
+                                             clip_eps=self.clip_eps, behaviour_cap=self.behaviour_cap)
+        return loss, n, stats, tokens.numel()
 
     @torch.no_grad()
     def loss(self, samples: Sequence[Sample]) -> float:
-        """The token-mean policy-gradient loss of ``samples`` under the current weights."""
+        """The token-mean (off-policy-corrected) policy-gradient loss of ``samples`` under the
+        current weights; for on-policy samples the plain ``-A log p`` mean."""
         self._check(samples)
         self.model.eval()
         total, trained = 0.0, 0
         for chunk in self._chunks(samples):
-            tokens, mask, advantages = (t.to(self.device) for t in collate(chunk))
-            loss, n = policy_gradient_loss_sum(gpt_logits(self.model, tokens), tokens, mask, advantages)
+            loss, n, _, _ = self._loss(chunk)
             total += float(loss.item())
             trained += n
         return total / max(trained, 1)

@@ -1,0 +1,146 @@
+"""The training-equivalence experiment, live, as one command: do the scheduling policies
+train as well as the colocated baseline at equal steps?
+
+    python bench/learn_equivalence.py --out out/equiv              # 4 policies x 3 seeds x 40 steps
+    python bench/learn_equivalence.py --out out/equiv --steps 6 --seeds 0   # a quick look
+
+For every seed and policy (colocated, elastic k=0, elastic k=1, async k=1 by default) it
+runs ``rlsched run --live`` on the same config (``configs/live-learn.toml``: the same
+tasks, drawn in the same order for a seed, from the same warm-started checkpoint), then
+prints and writes (``OUT/rewards.csv``, ``OUT/summary.csv``):
+
+* reward by step, one column per policy and seed (the learning curves);
+* per policy: first- and last-5-step mean reward over seeds, their spread (min..max over
+  seeds), wall time, generated tokens per second;
+* the equality check for staleness 0: per step, elastic k=0 must train the same
+  (trajectory, version) set as colocated, and its token-mean loss over the step must equal
+  colocated's within ``--loss-rtol`` (the same tokens through the same weights; the
+  engines' batching may make sampled tokens differ on some hosts -- then the set check
+  still holds and the loss line says how far apart they are).
+
+A run directory that already holds a complete run is reused (``--rerun`` to redo it), so
+an interrupted experiment continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learning_curve import step_rewards
+
+POLICIES = {
+    "colocated": "colocated",
+    "elastic-k0": "elastic:staleness=0",
+    "elastic-k1": "elastic:staleness=1",
+    "async-k1": "async:staleness=1",
+}
+
+
+def run_one(spec: str, config: Path, steps: int, seed: int, out: Path, rerun: bool) -> dict:
+    meta_path = out / "meta.json"
+    if not rerun and meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("complete") and meta.get("steps_done") == steps:
+            return meta
+    exe = Path(sys.executable).parent / "rlsched"  # the console script beside this interpreter
+    cmd = [str(exe if exe.is_file() else "rlsched"), "run", "--policy", spec, "--live", "--config", str(config),
+           "--steps", str(steps), "--seed", str(seed), "--out", str(out), "--force"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise SystemExit(f"{' '.join(cmd)}\nfailed after {time.perf_counter() - t0:.0f}s: {tail}")
+    return json.loads(meta_path.read_text())
+
+
+def trained_sets(run: Path) -> dict[int, set[tuple[str, int]]]:
+    tr = pd.read_parquet(run / "trajectories.parquet")
+    out: dict[int, set[tuple[str, int]]] = {}
+    for row in tr.itertuples():
+        out.setdefault(int(row.step), set()).add((str(row.trajectory), int(row.trained_version)))
+    return out
+
+
+def step_losses(meta: dict) -> dict[int, float]:
+    """Token-mean loss per step (micro-batches grouped by the version they trained at)."""
+    num: dict[int, float] = {}
+    den: dict[int, int] = {}
+    for b in meta["measurements"]["micro_batches"]:
+        if "version" not in b or not b.get("trained_tokens"):
+            continue
+        v = int(b["version"])
+        num[v] = num.get(v, 0.0) + b["loss"] * b["trained_tokens"]
+        den[v] = den.get(v, 0) + int(b["trained_tokens"])
+    return {v: num[v] / den[v] for v in num}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--config", type=Path, default=Path(__file__).resolve().parents[1] / "configs" / "live-learn.toml")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--policies", default=",".join(POLICIES), help=f"names from {', '.join(POLICIES)}")
+    ap.add_argument("--loss-rtol", type=float, default=1e-4)
+    ap.add_argument("--rerun", action="store_true")
+    args = ap.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    names = args.policies.split(",")
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        print(f"--policies: unknown {unknown[0]!r}; expected names from {', '.join(POLICIES)}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    curves, summary, failures = [], [], []
+    for seed in seeds:
+        metas: dict[str, dict] = {}
+        for name in names:
+            run = args.out / f"{name}-s{seed}"
+            print(f"seed {seed}: {name} ({POLICIES[name]}) -> {run}", flush=True)
+            metas[name] = run_one(POLICIES[name], args.config, args.steps, seed, run, args.rerun)
+            c = step_rewards(run)
+            c["policy"], c["seed"] = name, seed
+            curves.append(c)
+            m = metas[name]
+            first, last = c["reward"].head(5).mean(), c["reward"].tail(5).mean()
+            tokens = m["measurements"].get("tokens_generated", 0)
+            summary.append({"policy": name, "seed": seed, "first5_reward": first, "last5_reward": last,
+                            "wall_seconds": m["wall_seconds"], "tokens_per_second": tokens / max(m["makespan_seconds"], 1e-9),
+                            "groups_varying_step0": float(c["groups_varying"].iloc[0])})
+        if "colocated" in metas and "elastic-k0" in metas:
+            a, b = trained_sets(args.out / f"colocated-s{seed}"), trained_sets(args.out / f"elastic-k0-s{seed}")
+            for step in sorted(set(a) | set(b)):
+                if a.get(step) != b.get(step):
+                    failures.append(f"seed {seed} step {step}: elastic k=0 trained another (trajectory, version) set")
+            la, lb = step_losses(metas["colocated"]), step_losses(metas["elastic-k0"])
+            worst = max((abs(la[v] - lb[v]) / max(abs(la[v]), 1e-12) for v in la if v in lb), default=0.0)
+            line = f"seed {seed}: colocated vs elastic k=0 per-step loss, worst relative difference {worst:.2e}"
+            print(line)
+            if worst > args.loss_rtol:
+                failures.append(line + f" > {args.loss_rtol:g}")
+    table = pd.concat(curves)
+    wide = table.pivot_table(index="step", columns=["policy", "seed"], values="reward")
+    wide.to_csv(args.out / "rewards.csv")
+    sm = pd.DataFrame(summary)
+    sm.to_csv(args.out / "summary.csv", index=False)
+    agg = sm.groupby("policy").agg(first5=("first5_reward", "mean"), last5=("last5_reward", "mean"),
+                                   last5_min=("last5_reward", "min"), last5_max=("last5_reward", "max"),
+                                   wall_s=("wall_seconds", "mean"), tok_s=("tokens_per_second", "mean"))
+    with pd.option_context("display.width", 200, "display.max_rows", 200, "display.precision", 3):
+        print("\nmean reward by step (columns: policy, seed)\n" + wide.to_string())
+        print("\nper policy over seeds\n" + agg.to_string())
+    for f in failures:
+        print("NOT EQUIVALENT: " + f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
