@@ -96,9 +96,13 @@ class Async:
                 if v >= view.num_steps:
                     return []
                 return [SyncWeights(), *self._maybe_train(view)]
-            case WeightsSynced(version=v):
+            case WeightsSynced():
+                # Live, engines report their syncs one by one: batch s may start only once
+                # *every* engine that could be handed it holds version s-k, else an engine
+                # still on an older version generates its first tokens (staleness k+1).
+                v = self._oldest_engine_version(view)
                 self._synced = max(self._synced, v)
-                return self._dispatch_up_to(v, view)
+                return self._dispatch_up_to(self._synced, view)
             case WorkerRecovered():
                 return self._repair(view)
         return []
@@ -119,6 +123,12 @@ class Async:
         if trainers:
             cmds.append(Reassign(trainers, Role.TRAIN))
         return cmds
+
+    @staticmethod
+    def _oldest_engine_version(view: ClusterView) -> int:
+        """The oldest weights a new trajectory could start on (engines taking work)."""
+        versions = [view.engine(e).version for e in view.engines() if not view.engine(e).draining]
+        return min(versions) if versions else -1
 
     def _dispatch_up_to(self, version: int, view: ClusterView) -> list[Command]:
         """Dispatch every batch whose oldest allowed weights (s - k) are ``version``."""
