@@ -167,6 +167,8 @@ def make_env(settings: Any) -> Any:
         limits = Limits(wall_seconds=s.tool_seconds, cpu_seconds=max(1, min(10, int(s.tool_seconds))))
         kw = {"max_turns": s.max_turns, "isolation": s.isolation, "limits": limits,
               "accept_weak_sandbox": s.accept_weak_sandbox or None}
+    elif s.env == "lookup":  # (its own tool limits: one short command per turn)
+        kw = {"max_turns": s.max_turns, "isolation": s.isolation}
     return make_environment(s.env, **kw)
 
 

@@ -29,7 +29,8 @@ def env():
 
 
 def test_registered_beside_coding(env) -> None:
-    assert isinstance(env, Environment) and isinstance(env, LookupEnvironment)
+    # made Guarded like coding: a failure of the environment ends only that episode
+    assert isinstance(env, Environment) and isinstance(env.inner, LookupEnvironment)
     assert env.task_ids() == ["lookup-notes", "lookup-vault", "lookup-box", "lookup-shelf"]
 
 
@@ -129,11 +130,24 @@ def test_a_transient_sandbox_setup_failure_is_retried_and_a_lasting_one_raised(e
     from rlsched.cluster.errors import LiveBackendError
     from rlsched.real.env_lookup import SETUP_RETRIES
 
-    env.reset("lookup-vault", seed=2)
-    env._box = FakeFlakySandbox(env._box, fails=2)
-    assert env.step(f"RUN: {read_command('lookup-vault')}").reward == 1.0
-    env.reset("lookup-vault", seed=2)
-    env._box = flaky = FakeFlakySandbox(env._box, fails=SETUP_RETRIES + 1)
+    inner = env.inner
+    inner.reset("lookup-vault", seed=2)
+    inner._box = FakeFlakySandbox(inner._box, fails=2)
+    assert inner.step(f"RUN: {read_command('lookup-vault')}").reward == 1.0
+    inner.reset("lookup-vault", seed=2)
+    inner._box = flaky = FakeFlakySandbox(inner._box, fails=SETUP_RETRIES + 1)
     with pytest.raises(LiveBackendError, match="sandbox: mount"):
-        env.step("RUN: ls")
+        inner.step("RUN: ls")
+    flaky.real.close()
+
+
+def test_a_lasting_sandbox_failure_ends_only_the_episode(env) -> None:
+    """Through the registered (Guarded) environment the lasting failure is the episode's
+    recorded tool failure, not an exception that would end the run."""
+    from rlsched.real.env_lookup import SETUP_RETRIES
+
+    env.reset("lookup-vault", seed=2)
+    env.inner._box = flaky = FakeFlakySandbox(env.inner._box, fails=SETUP_RETRIES + 1)
+    r = env.step("RUN: ls")
+    assert r.done and r.reward == 0.0 and any("sandbox: mount" in f for f in r.tool_failures)
     flaky.real.close()
