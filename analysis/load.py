@@ -13,6 +13,7 @@ Only the event kinds the analysis uses are loaded (a seed-scale run records mill
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -147,24 +148,31 @@ def check_record(record: RunRecord) -> None:
         _require_columns(record.events, EVENT_COLUMNS, d / "events.parquet")
     if iv.empty:
         return
-    bad = state_codes(iv["state"]) < 0
+    check_interval_rows(ivf, 0, state_codes(iv["state"]), lambda i: iv["state"].iloc[i], iv["gpu_first"].to_numpy(),
+                        iv["gpu_count"].to_numpy(), iv["start"].to_numpy(dtype=float),
+                        iv["end"].to_numpy(dtype=float), num_gpus)
+
+
+def check_interval_rows(file: Path, offset: int, codes: np.ndarray, state_at: Callable[[int], object],
+                        first: np.ndarray, count: np.ndarray, start: np.ndarray, end: np.ndarray,
+                        num_gpus: int) -> None:
+    """The row checks of ``intervals.parquet`` (known state, GPUs inside the cluster, end not
+    before start), whole or one row group at a time (``offset``: the group's first row, so
+    the message names the file's row)."""
+    bad = codes < 0
     if bad.any():
         i = int(bad.argmax())
         raise RecordError(
-            f"{ivf}: row {i}: state={iv['state'].iloc[i]!r}: expected one of {', '.join(sorted(KNOWN_STATES))}"
+            f"{file}: row {offset + i}: state={state_at(i)!r}: expected one of {', '.join(sorted(KNOWN_STATES))}"
         )
-    first = iv["gpu_first"].to_numpy()
-    count = iv["gpu_count"].to_numpy()
     out_of_range = (first < 0) | (count < 1) | (first + count > num_gpus)
     if out_of_range.any():
         i = int(out_of_range.argmax())
         raise RecordError(
-            f"{ivf}: row {i}: GPUs {first[i]}..{first[i] + count[i] - 1} outside the cluster's "
+            f"{file}: row {offset + i}: GPUs {first[i]}..{first[i] + count[i] - 1} outside the cluster's "
             f"{num_gpus} GPUs (meta num_gpus)"
         )
-    start = iv["start"].to_numpy(dtype=float)
-    end = iv["end"].to_numpy(dtype=float)
     backwards = ~(end >= start)  # also catches NaN
     if backwards.any():
         i = int(backwards.argmax())
-        raise RecordError(f"{ivf}: row {i}: end={end[i]!r} before start={start[i]!r}")
+        raise RecordError(f"{file}: row {offset + i}: end={end[i]!r} before start={start[i]!r}")

@@ -236,30 +236,15 @@ def _clip(batch: pa.RecordBatch, codes: np.ndarray, horizon: float) -> Spans:
 
 def _check(batch: pa.RecordBatch, codes: np.ndarray, offset: int, num_gpus: int, file: Path) -> None:
     """check_record's row checks on one batch; row numbers count from the file's start."""
-    bad = codes < 0
-    if bad.any():
-        i = int(bad.argmax())
-        from .load import KNOWN_STATES
+    from .load import check_interval_rows
 
-        raise RecordError(
-            f"{file}: row {offset + i}: state={batch.column('state')[i].as_py()!r}: expected one of "
-            f"{', '.join(sorted(KNOWN_STATES))}"
-        )
-    first = batch.column("gpu_first").to_numpy(zero_copy_only=False)
-    count = batch.column("gpu_count").to_numpy(zero_copy_only=False)
-    out_of_range = (first < 0) | (count < 1) | (first + count > num_gpus)
-    if out_of_range.any():
-        i = int(out_of_range.argmax())
-        raise RecordError(
-            f"{file}: row {offset + i}: GPUs {first[i]}..{first[i] + count[i] - 1} outside the cluster's "
-            f"{num_gpus} GPUs (meta num_gpus)"
-        )
-    start = batch.column("start").to_numpy(zero_copy_only=False).astype(float)
-    end = batch.column("end").to_numpy(zero_copy_only=False).astype(float)
-    backwards = ~(end >= start)
-    if backwards.any():
-        i = int(backwards.argmax())
-        raise RecordError(f"{file}: row {offset + i}: end={end[i]!r} before start={start[i]!r}")
+    check_interval_rows(
+        file, offset, codes, lambda i: batch.column("state")[i].as_py(),
+        batch.column("gpu_first").to_numpy(zero_copy_only=False),
+        batch.column("gpu_count").to_numpy(zero_copy_only=False),
+        batch.column("start").to_numpy(zero_copy_only=False).astype(float),
+        batch.column("end").to_numpy(zero_copy_only=False).astype(float), num_gpus,
+    )
 
 
 def summarize_intervals(

@@ -51,12 +51,11 @@ from __future__ import annotations
 import json
 import math
 import re
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from rlsched.cluster.errors import TraceError
-from rlsched.traces.import_common import ImportedTrajectory, exit_truncates
+from rlsched.traces.import_common import ImportedTrajectory, exit_truncates, timestamp_seconds
 from rlsched.traces.tokens import TokenCounter, count_all, text_of
 
 SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -139,22 +138,6 @@ def _action(msg: dict) -> str:
     return ""
 
 
-def _epoch(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        if not math.isfinite(value):
-            return None
-        # Epoch numbers this large are milliseconds (1e11 s is the year 5138).
-        return float(value) / 1000.0 if abs(value) > 1e11 else float(value)
-    if isinstance(value, str) and value.strip():
-        try:
-            return datetime.fromisoformat(value.strip().replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            return None
-    return None
-
-
 def _env_seconds(turn_msg: dict, after: list[dict]) -> float:
     """Recorded env time of one turn, or NaN when the transcript has no timing for it."""
     durations = [m.get(k) for m in after for k in DURATION_KEYS if k in m]
@@ -162,8 +145,8 @@ def _env_seconds(turn_msg: dict, after: list[dict]) -> float:
                if isinstance(d, int | float) and not isinstance(d, bool) and math.isfinite(d)]
     if numbers and len(numbers) == len(durations):
         return max(sum(numbers), 0.0)
-    start = _epoch(turn_msg.get("timestamp"))
-    end = _epoch(after[-1].get("timestamp")) if after else None
+    start = timestamp_seconds(turn_msg.get("timestamp"))
+    end = timestamp_seconds(after[-1].get("timestamp")) if after else None
     if start is not None and end is not None and end >= start:
         return end - start
     return math.nan
