@@ -55,7 +55,12 @@ from pathlib import Path
 from typing import Any
 
 from rlsched.cluster.errors import TraceError
-from rlsched.traces.import_common import ImportedTrajectory, exit_truncates, timestamp_seconds
+from rlsched.traces.import_common import (
+    ImportedTrajectory,
+    exit_truncates,
+    read_bytes_text,
+    timestamp_seconds,
+)
 from rlsched.traces.tokens import TokenCounter, count_all, text_of
 
 SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -239,18 +244,7 @@ def read_record(rec: Any, where: str, default_id: str,
 
 def _records(path: Path) -> list[tuple[int, Any, str | None]]:
     """(line, parsed record or None, error) per non-blank line; a JSON array is one file."""
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise TraceError(f"{path}: cannot be read ({err.strerror}) — expected JSON lines of "
-                         f"chat transcripts") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise TraceError(f"{path}: line {line}: not UTF-8 — expected UTF-8 JSON lines") from None
-    if not text.strip():
-        raise TraceError(f"{path}: empty file — expected JSON lines of chat transcripts")
+    text = read_bytes_text(path, "JSON lines of chat transcripts")
     if text.lstrip().startswith("["):
         try:
             doc = json.loads(text)
