@@ -222,7 +222,13 @@ class Elastic:
         if not self.staleness or view.num_steps < 2:
             return 0
         engines = view.num_gpus // view.tp
-        return min(engines - 1, max(1, round(self.train_share * engines))) * view.tp
+        gpus = min(engines - 1, max(1, round(self.train_share * engines))) * view.tp
+        floor = view.trainer().min_gpus  # (a trainer below its memory floor runs nothing)
+        if gpus < floor:
+            gpus = math.ceil(floor / view.tp) * view.tp
+            if gpus > view.num_gpus - view.tp:
+                return 0  # no room for both: the trainer forms when the rollout frees it
+        return gpus
 
     def _coming(self, view: ClusterView) -> int:
         """GPUs on their way to rollout (switching, or in the trainer until its micro-batch
@@ -284,7 +290,13 @@ class Elastic:
         spare = (len(free) - keep) // tp
         if spare <= 0:
             return []
-        take = free[len(free) - min(spare, want) * tp:]
+        n = min(spare, want)
+        left = len(free) - n * tp
+        if 0 < left < tr.min_gpus:  # never shrink the trainer below its floor (refused)
+            n = (len(free) - tr.min_gpus) // tp if keep else len(free) // tp
+            if n <= 0:
+                return []
+        take = free[len(free) - n * tp:]
         rollout, idle = back_to_rollout(view, take)
         out: list[Command] = []
         if rollout:
@@ -331,10 +343,12 @@ class Elastic:
             return 0
         m = self._meter
         if m.train_gpu_s_per_token is None or not m.rollout_s:
-            return round(self.train_share * view.num_gpus)
-        tokens = sum(view.trajectory(t).tokens for t in ready)
-        need = math.ceil(tokens * m.train_gpu_s_per_token / m.rollout_s)
-        return min(need, view.num_gpus - view.tp)
+            keep = round(self.train_share * view.num_gpus)
+        else:
+            tokens = sum(view.trajectory(t).tokens for t in ready)
+            keep = min(math.ceil(tokens * m.train_gpu_s_per_token / m.rollout_s), view.num_gpus - view.tp)
+        # a trainer kept at all is kept at its memory floor (below it, it runs nothing)
+        return max(keep, view.trainer().min_gpus) if keep > 0 else 0
 
     # ---------------------------------------------------------------- training
     def _backlog(self, view: ClusterView) -> int:
@@ -411,12 +425,18 @@ class Elastic:
         busy = sum(1 for _, load in view.engine_loads() if load)
         keep = max(floor, min(busy, max(by_load, by_kv)))
         release = len(ids) - keep
+        short = tr.min_gpus - len(tr.gpus)  # a trainer below its memory floor runs nothing
+        if short > 0:
+            if len(tr.gpus) + release * view.tp < tr.min_gpus:
+                return []  # the engines free now cannot lift it to its floor: they would idle
+            release = max(release, math.ceil(short / view.tp))
         if release <= 0:
             return []
         # the least loaded go (of equal loads, the highest ids)
         victims = sorted(view.engine_loads(), key=lambda el: (el[1], -el[0]))[:release]
         gpus = tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
-        if self.staleness and floor and tr.gpus and not self._gains(view, len(tr.gpus), len(gpus)):
+        if (self.staleness and floor and tr.gpus and short <= 0
+                and not self._gains(view, len(tr.gpus), len(gpus))):
             # With staleness the engines must come back for the next batch: a move that
             # saves the trainer less than that switch back loses time (on-policy, every
             # engine goes to training at the step's end anyway: no extra switch).
