@@ -290,14 +290,20 @@ class RunRecord:
 _FILES = ("meta.json", "events.parquet", "intervals.parquet", "trajectories.parquet", "steps.parquet")
 
 
+def runs_in(d: Path) -> list[Path]:
+    """The run records an output folder of ``rlsched compare``/``run`` holds under ``runs/``
+    (none when ``d`` is itself a run record or holds no ``runs/``)."""
+    runs = d / "runs"
+    if (d / "meta.json").exists() or not runs.is_dir():
+        return []
+    return sorted(p for p in runs.iterdir() if (p / "meta.json").is_file())
+
+
 def single_run_dir(d: Path) -> Path:
     """``d`` itself, or the one run record under ``d/runs/`` when ``d`` is an output folder
     (no ``meta.json`` of its own). An output folder of several runs is refused in one line
     naming them: which one was meant is the user's choice."""
-    runs = d / "runs"
-    if (d / "meta.json").exists() or not runs.is_dir():
-        return d
-    found = sorted(p for p in runs.iterdir() if (p / "meta.json").is_file())
+    found = runs_in(d)
     if len(found) == 1:
         return found[0]
     if not found:

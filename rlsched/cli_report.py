@@ -45,13 +45,9 @@ def default_out(run_dirs: list[Path]) -> Path:
 
 def _expand(run_dirs: list[Path]) -> list[Path]:
     """A `rlsched compare` output folder stands for all the runs under its ``runs/``."""
+    from rlsched.cluster.record import runs_in
+
     out: list[Path] = []
     for d in run_dirs:
-        runs = d / "runs"
-        if not (d / "meta.json").exists() and runs.is_dir():
-            found = sorted(p for p in runs.iterdir() if (p / "meta.json").is_file())
-            if found:
-                out.extend(found)
-                continue
-        out.append(d)
+        out.extend(runs_in(d) or [d])
     return out
