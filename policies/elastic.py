@@ -426,10 +426,8 @@ class Elastic:
         keep = max(floor, min(busy, max(by_load, by_kv)))
         release = len(ids) - keep
         short = tr.min_gpus - len(tr.gpus)  # a trainer below its memory floor runs nothing
-        if short > 0:
-            if len(tr.gpus) + release * view.tp < tr.min_gpus:
-                return []  # the engines free now cannot lift it to its floor: they would idle
-            release = max(release, math.ceil(short / view.tp))
+        if short > 0 and release * view.tp < short:
+            return []  # the engines free now cannot lift it to its floor: they would idle
         if release <= 0:
             return []
         # the least loaded go (of equal loads, the highest ids)
