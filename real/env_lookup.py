@@ -34,10 +34,10 @@ from __future__ import annotations
 import random
 import time
 
-from rlsched.cluster.errors import ConfigError, InvariantViolation, LiveBackendError
+from rlsched.cluster.errors import ConfigError, InvariantViolation
 
 from .env import StepResult
-from .sandbox import CommandResult, Limits, Sandbox
+from .sandbox import Limits, Sandbox
 
 # Words the tiny model's tokenizer (trained on real/data) keeps as one token after a space,
 # so answering is copying one token; any words work for a real checkpoint.
@@ -46,7 +46,6 @@ WORDS = ("cat", "key", "leaf", "loop", "hash", "gap", "fork", "chain", "block", 
 # The file each task hides its word in: one task per file name.
 PLACES = ("notes", "vault", "box", "shelf")
 TASK_PREFIX = "lookup-"
-SETUP_RETRIES = 3  # a sandbox setup failure (not the command's) is retried this often
 DEMO_TOOL_SHARE = 0.15  # share of warm-start demonstrations that read the file
 
 
@@ -124,7 +123,7 @@ class LookupEnvironment:
             observation = "error: no command; use RUN: <shell command>"
         else:
             self.read_file |= task_file(self._task) in command
-            result = self._run(command)
+            result = self._box.run(command)
             first = (result.output.strip().splitlines() or [""])[0][:120]
             observation = f"RESULT: {first}" if result.ok else f"RESULT: {first} [{result.status()}]"
             answer = self._answer()
@@ -137,22 +136,6 @@ class LookupEnvironment:
             self.close()
             return StepResult(observation + "\nTurn limit reached.", True, 0.0, time.monotonic() - start)
         return StepResult(observation, False, 0.0, time.monotonic() - start)
-
-    def _run(self, command: str) -> CommandResult:
-        """Run ``command``, retrying a sandbox *setup* failure (not the command's own):
-        measured here, with 64 episodes' sandboxes opening and closing at once, the
-        ``root`` isolation's remount of the host's mounts occasionally meets another
-        episode's work directory being removed (``sandbox: mount ...: No such file or
-        directory``); that is the sandbox's transient race, not the agent's action."""
-        assert self._box is not None  # internal: called with an open episode
-        for attempt in range(SETUP_RETRIES + 1):
-            try:
-                return self._box.run(command)
-            except LiveBackendError as exc:
-                if attempt == SETUP_RETRIES or not str(exc).startswith("sandbox:"):
-                    raise
-                time.sleep(0.05 * (attempt + 1))
-        raise InvariantViolation("lookup environment: unreachable")
 
     def _answer(self) -> str | None:
         """The first line of ``answer.txt`` (None: the agent has not written it)."""

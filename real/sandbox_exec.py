@@ -29,6 +29,7 @@ prints one line starting with ``sandbox:`` and exits with :data:`SETUP_FAILED`.
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import resource
@@ -102,7 +103,11 @@ def _read_only_except(workdir: str) -> None:
         flags |= _MS_NOSUID if "nosuid" in options else 0
         flags |= _MS_NODEV if "nodev" in options else 0
         flags |= _MS_NOEXEC if "noexec" in options else 0
-        _mount(None, point, flags)
+        if _libc.mount(None, point.encode(), None, ctypes.c_ulong(flags), None) != 0:
+            err = ctypes.get_errno()
+            if err == errno.ENOENT:
+                continue  # unmounted since mountinfo was read (another sandbox closing): nothing to protect
+            raise SetupError(f"mount {point}: {os.strerror(err)}")
 
 
 def _enter_user_namespace() -> None:
