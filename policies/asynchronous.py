@@ -127,7 +127,7 @@ class Async:
     @staticmethod
     def _oldest_engine_version(view: ClusterView) -> int:
         """The oldest weights a new trajectory could start on (engines taking work)."""
-        versions = [view.engine(e).version for e in view.engines() if not view.engine(e).draining]
+        versions = [i.version for i in map(view.engine, view.engines()) if not i.draining]
         return min(versions) if versions else -1
 
     def _dispatch_up_to(self, version: int, view: ClusterView) -> list[Command]:
