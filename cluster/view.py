@@ -48,6 +48,7 @@ class TrainerInfo:
     # below its floor runs nothing, and a Reassign leaving it with 0 < n < min_gpus is refused.
     min_gpus: int = 1
     grow_unit: int = 1
+    floor_reason: str = ""  # what sets the floor (the cost model's memory), for refusals
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,3 +113,35 @@ class ClusterView(Protocol):
     def unfinished(self, step: int) -> int: ...
     def failed_gpus(self) -> tuple[GpuId, ...]: ...
     def cluster_queue(self) -> tuple[TrajectoryId, ...]: ...
+    # what the legality check (cluster.legality) reads beyond the above
+    @property
+    def max_staleness(self) -> int: ...  # the run's staleness bound (the policy's promise)
+    def in_micro_batch(self, trajectory: TrajectoryId) -> bool: ...  # in a queued micro-batch
+
+
+VIEW_MEMBERS: frozenset[str] = frozenset(n for n in vars(ClusterView) if not n.startswith("_"))
+
+
+class ReadOnlyView:
+    """``view`` behind a guard: exactly the :class:`ClusterView` members, nothing writable.
+
+    Drivers hand policies the store itself (a proxy on every read would cost the inner
+    loop); this guard is how a test -- or a policy author -- proves a policy only reads:
+    any other attribute, and any assignment, raises ``AttributeError`` naming it. What the
+    members return is immutable already (tuples, frozen records, enums)."""
+
+    __slots__ = ("_view",)
+
+    def __init__(self, view: ClusterView) -> None:
+        object.__setattr__(self, "_view", view)
+
+    def __getattr__(self, name: str) -> object:
+        if name not in VIEW_MEMBERS:
+            raise AttributeError(f"{name!r} is not part of the read-only ClusterView a policy is handed")
+        return getattr(object.__getattribute__(self, "_view"), name)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a policy set {name!r} on the read-only ClusterView")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a policy deleted {name!r} from the read-only ClusterView")
