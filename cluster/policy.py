@@ -5,14 +5,17 @@ in :meth:`Policy.reset`. It never learns which driver runs it. The same object, 
 same parameters, runs in the simulator and on the live backend.
 
 Policies declare their tunable parameters (:class:`Param`) so specs can be parsed and
-validated uniformly and the planner can search them.
+validated uniformly and the planner can search them. A policy declares each parameter once,
+as a field of a frozen config dataclass made with :func:`param`, and derives from
+:class:`Configured`, which turns the fields into ``params`` and the constructor's keywords
+into ``self.config`` (see :func:`param_values` for the older style, one attribute each).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from .commands import Command
@@ -100,3 +103,55 @@ class Policy(Protocol):
     def on_event(self, event: Event, view: ClusterView) -> Sequence[Command]:
         """Answer one event with the commands to apply now (possibly none)."""
         ...
+
+
+_PARAM = "rlsched.param"  # the dataclass field metadata key :func:`param` fills
+
+
+def param(kind: Literal["int", "float", "bool", "choice"], default: Any, help: str, *,
+          low: float | None = None, high: float | None = None, choices: tuple[str, ...] = (),
+          tunable: bool = True) -> Any:
+    """A field of a policy's config dataclass that is also one of its :class:`Param`s: the
+    default is written here once, and :func:`params_of` derives the ``Param``."""
+    spec = {"kind": kind, "help": help, "low": low, "high": high, "choices": choices, "tunable": tunable}
+    return field(default=default, metadata={_PARAM: spec})
+
+
+def params_of(config: type) -> tuple[Param, ...]:
+    """The :class:`Param` of each field of ``config`` (a dataclass of :func:`param` fields),
+    in field order."""
+    out = []
+    for f in fields(config):
+        if _PARAM not in f.metadata or f.default is MISSING:
+            raise TypeError(f"{config.__qualname__}.{f.name}: declare policy parameters with param(...)")
+        out.append(Param(f.name, default=f.default, **f.metadata[_PARAM]))
+    return tuple(out)
+
+
+class Configured:
+    """Base of a policy whose parameters are the fields of its ``Config``.
+
+    ``Config`` is a frozen dataclass whose fields are made with :func:`param`; the subclass
+    gets ``params`` from it, and ``Policy(**values)`` stores ``self.config = Config(**values)``
+    (an unknown keyword is a ``TypeError``, as for any constructor). Construction sets up no
+    run state: :meth:`Policy.reset` does that before every run."""
+
+    Config: ClassVar[type]
+    params: ClassVar[tuple[Param, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "Config" in cls.__dict__:
+            cls.params = params_of(cls.Config)
+
+    def __init__(self, **values: Any) -> None:
+        self.config: Any = self.Config(**values)
+
+
+def param_values(policy: Any) -> dict[str, Any]:
+    """Each declared parameter's value in ``policy``: from its ``config`` (a
+    :class:`Configured` policy), else from one attribute per parameter (the older style)."""
+    params = type(policy).params
+    config = getattr(policy, "config", None)
+    source = config if config is not None and is_dataclass(config) else policy
+    return {p.name: getattr(source, p.name) for p in params}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from rlsched.cluster.commands import Command, Dispatch, Reassign, Train
@@ -26,24 +27,27 @@ from rlsched.cluster.events import (
     WorkerRecovered,
 )
 from rlsched.cluster.ids import Role, TrajStatus
-from rlsched.cluster.policy import Param
+from rlsched.cluster.policy import Configured
 from rlsched.cluster.view import ClusterView
 
 from .common import Retries, phase_is_stuck, usable
 from .registry import register
 
 
+@dataclass(frozen=True)
+class ColocatedConfig:
+    """``colocated`` has no parameters."""
+
+
 @register
-class Colocated:
+class Colocated(Configured):
     name: ClassVar[str] = "colocated"
-    params: ClassVar[tuple[Param, ...]] = ()
+    Config = ColocatedConfig
+    config: ColocatedConfig
     max_staleness = 0
     defers = False
 
-    def __init__(self) -> None:
-        self.reset(None, random.Random(0))  # type: ignore[arg-type]
-
-    def reset(self, view: ClusterView | None, rng: random.Random) -> None:
+    def reset(self, view: ClusterView, rng: random.Random) -> None:
         self._step = 0
         self._rolling_out = False
         self._phase = Role.ROLLOUT  # the role the cluster is in (or switching to)

@@ -30,7 +30,7 @@ class Oracle(Elastic):
         if total_turns is None:
             raise PolicyError("oracle: it needs every trajectory's true number of turns "
                               "(Oracle.from_lengths); it is a reference for benches, not a policy to run")
-        self._total = dict(total_turns)
+        self._total = dict(total_turns)  # (before elastic's constructor, whichever its style)
         super().__init__(**params)
 
     @classmethod
@@ -39,4 +39,4 @@ class Oracle(Elastic):
         return cls(total_turns, **params)
 
     def _lengths(self) -> OracleLengths:  # type: ignore[override]
-        return OracleLengths(getattr(self, "_total", {}))
+        return OracleLengths(self._total)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from rlsched.cluster.commands import Command, Dispatch, Drop, Interrupt, Reassign, SetTimer, Train
@@ -30,7 +31,7 @@ from rlsched.cluster.events import (
     WorkerRecovered,
 )
 from rlsched.cluster.ids import Role, TrajStatus
-from rlsched.cluster.policy import Param
+from rlsched.cluster.policy import Configured, param
 from rlsched.cluster.view import ClusterView
 
 from .common import Retries, phase_is_stuck, usable
@@ -39,33 +40,31 @@ from .registry import register
 _ACTIVE = (TrajStatus.QUEUED, TrajStatus.RUNNING)
 
 
-@register
-class Partial:
-    name: ClassVar[str] = "partial"
-    params: ClassVar[tuple[Param, ...]] = (
-        Param("finish_fraction", "float", 0.75, "interrupt the rest once this share of the "
-              "step's trajectories finished", low=0.05, high=1.0),
-        Param("budget_s", "float", 0.0, "also interrupt after this many seconds of rollout "
-              "(0: no time budget)", low=0.0, high=1e7),
-        Param("mode", "choice", "resume", "what happens to interrupted trajectories",
-              choices=("resume", "train", "drop"), tunable=False),
-    )
+@dataclass(frozen=True)
+class PartialConfig:
+    finish_fraction: float = param("float", 0.75, "interrupt the rest once this share of the "
+                                   "step's trajectories finished", low=0.05, high=1.0)
+    budget_s: float = param("float", 0.0, "also interrupt after this many seconds of rollout "
+                            "(0: no time budget)", low=0.0, high=1e7)
+    mode: str = param("choice", "resume", "what happens to interrupted trajectories",
+                      choices=("resume", "train", "drop"), tunable=False)
 
-    def __init__(self, finish_fraction: float = 0.75, budget_s: float = 0.0, mode: str = "resume") -> None:
-        self.finish_fraction = finish_fraction
-        self.budget_s = budget_s
-        self.mode = mode
-        self.reset(None, random.Random(0))  # type: ignore[arg-type]
+
+@register
+class Partial(Configured):
+    name: ClassVar[str] = "partial"
+    Config = PartialConfig
+    config: PartialConfig
 
     @property
     def max_staleness(self) -> int:
-        return 1 if self.mode == "resume" else 0
+        return 1 if self.config.mode == "resume" else 0
 
     @property
     def defers(self) -> bool:
-        return self.mode == "resume"
+        return self.config.mode == "resume"
 
-    def reset(self, view: ClusterView | None, rng: random.Random) -> None:
+    def reset(self, view: ClusterView, rng: random.Random) -> None:
         self._step = 0
         self._rolling_out = False
         self._cut = False
@@ -99,8 +98,8 @@ class Partial:
                     self._cut_ids = frozenset()
                     self._carried_open = set(self._carried)
                     cmds.append(Dispatch(self._carried + view.batch(self._step)))
-                    if self.budget_s > 0:
-                        cmds.append(SetTimer(view.now + self.budget_s, f"budget-{self._step}"))
+                    if self.config.budget_s > 0:
+                        cmds.append(SetTimer(view.now + self.config.budget_s, f"budget-{self._step}"))
                 return cmds + self._retry.flush(view)
             case TrajectoryFinished(trajectory=t, status=TrajStatus.INTERRUPTED) if t not in self._cut_ids:
                 return self._retry.stopped(t, view)  # a failed GPU: resume it elsewhere
@@ -112,7 +111,7 @@ class Partial:
                 cmds = []
                 batch = view.batch(self._step)
                 done = len(batch) - view.unfinished(self._step)
-                if self._budget_passed or done >= self.finish_fraction * len(batch):
+                if self._budget_passed or done >= self.config.finish_fraction * len(batch):
                     cmds += self._interrupt_rest(view)
                 return cmds + self._maybe_train(view)
             case RolesChanged(role=Role.TRAIN) if self._phase is Role.TRAIN and self._trained < self._step:
@@ -137,7 +136,7 @@ class Partial:
     def _interrupt_rest(self, view: ClusterView) -> list[Command]:
         last = self._step == view.num_steps - 1
         batch = view.batch(self._step)
-        if self._cut or (last and self.mode == "resume") or view.unfinished(self._step) == len(batch):
+        if self._cut or (last and self.config.mode == "resume") or view.unfinished(self._step) == len(batch):
             return []  # never cut a step before one of its trajectories finished
         self._cut = True
         live = tuple(t for t in view.batch(self._step) if view.trajectory(t).status in _ACTIVE)
@@ -161,9 +160,9 @@ class Partial:
         done = tuple(t for t in ready if view.trajectory(t).status is not TrajStatus.INTERRUPTED)
         cmds: list[Command] = []
         self._carried = ()
-        if self.mode == "resume":
+        if self.config.mode == "resume":
             self._carried = stopped
-        elif self.mode == "train":
+        elif self.config.mode == "train":
             done = done + stopped
         elif stopped:
             cmds.append(Drop(stopped))

@@ -14,7 +14,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from rlsched.cluster.errors import PolicyError
-from rlsched.cluster.policy import Param, Policy
+from rlsched.cluster.policy import Param, Policy, param_values
 
 _REGISTRY: dict[str, type] = {}
 _ENTRY_POINTS_LOADED = False
@@ -119,7 +119,7 @@ def make_policy(spec: str) -> Policy:
 
 def canonical_spec(policy: Policy) -> str:
     """``NAME:key=value,...`` with every parameter, so a record says exactly what ran."""
-    values = ",".join(f"{p.name}={getattr(policy, p.name)}" for p in type(policy).params)
+    values = ",".join(f"{k}={v}" for k, v in param_values(policy).items())
     return f"{policy.name}:{values}" if values else policy.name
 
 
