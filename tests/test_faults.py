@@ -18,12 +18,12 @@ import pytest
 from rlsched.analysis.breakdown import breakdown
 from rlsched.analysis.metrics import NO_WORK, state_seconds, summarize
 from rlsched.cluster.commands import Reassign
-from rlsched.cluster.config import parse_config
 from rlsched.cluster.errors import ConfigError, PolicyError
 from rlsched.cluster.faults import Fault, FaultSchedule, parse_faults
 from rlsched.cluster.ids import Role
 from rlsched.cluster.record import read_run
 from rlsched.cluster.state import ClusterState
+from rlsched.config import parse_config
 
 from simkit import HAND_COST, run, trace
 
@@ -266,7 +266,7 @@ def test_faults_is_not_a_run_key():
 
 
 def test_faults_table_from_a_config_file(tmp_path):
-    from rlsched.cluster.config import load_config
+    from rlsched.config import load_config
 
     p = tmp_path / "c.toml"
     p.write_text('[run]\nsteps = 2\n\n[faults]\nseed = 3\n\n[[faults.fault]]\nkind = "gpu"\nper_hour = 1.0\n')

@@ -28,8 +28,8 @@ from fuzz_strategies import (
 )
 from hypothesis import given, settings
 
-from rlsched.cluster.config import load_config, parse_config
 from rlsched.cluster.errors import ConfigError, PolicyError
+from rlsched.config import load_config, parse_config
 from rlsched.policies import make_policy
 from rlsched.sim.cost import CostModel
 

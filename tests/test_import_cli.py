@@ -1,5 +1,5 @@
 """``rlsched trace import`` through a typer app built here (the lead wires ``register`` into
-``rlsched/cli.py``), and an imported trace replayed by ``rlsched compare``."""
+``rlsched/cli/__init__.py``), and an imported trace replayed by ``rlsched compare``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from importkit import BROKEN, MESSAGES, SWE
 from typer.testing import CliRunner
 
 from rlsched.cli import main
-from rlsched.cli_import import register
+from rlsched.cli.trace_import import register
 from rlsched.cluster.errors import TraceError
 from rlsched.traces import load_trace, trace_stats
 

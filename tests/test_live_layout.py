@@ -9,9 +9,10 @@ import json
 
 import pytest
 
-from rlsched.cli_run import find_live_run, prepare_live_out
-from rlsched.cluster.config import RunConfig, parse_config
+from rlsched.cli.run import find_live_run, prepare_live_out
+from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import ConfigError
+from rlsched.config import parse_config
 from rlsched.real.live_config import refuse_unsupported
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlsched.cluster.config import LoggingConfig, parse_config
+from rlsched.cluster.config import LoggingConfig
 from rlsched.cluster.errors import ConfigError
+from rlsched.config import parse_config
 
 
 def test_logging_table_parses_name_or_list() -> None:

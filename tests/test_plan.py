@@ -18,16 +18,17 @@ import pandas as pd
 import pytest
 
 from rlsched.cli import main
-from rlsched.cluster.config import RunConfig, load_config
+from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import ConfigError, PolicyError
+from rlsched.config import load_config
 from rlsched.plan import PlanRequest, plan
-from rlsched.plan_checks import choose
-from rlsched.plan_eval import BASE, Evaluation, Job, PlanSetup, evaluate_with
-from rlsched.plan_search import BATCH, judge, rungs_for
-from rlsched.plan_space import build_arms
-from rlsched.plan_traces import bootstrap_tasks, double_tail, drop_tail, longest_trajectories
+from rlsched.plan.checks import choose
+from rlsched.plan.evaluation import BASE, Evaluation, Job, PlanSetup, evaluate_with
+from rlsched.plan.search import BATCH, judge, rungs_for
+from rlsched.plan.space import build_arms
 from rlsched.sim.cost import CostModel
 from rlsched.traces import generate_trace, write_trace
+from rlsched.traces.variants import bootstrap_tasks, double_tail, drop_tail, longest_trajectories
 
 
 def _trace(tmp_path: Path, name: str = "uniform", tasks: int = 16, **kw: float) -> tuple[Path, pd.DataFrame]:

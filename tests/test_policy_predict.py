@@ -95,7 +95,7 @@ def test_plan_and_compare_agree_on_the_staleness_of_a_cut_run():
     Now all three -- the per-step figure in the run record too -- say 0."""
     from rlsched.cluster.config import RunConfig
     from rlsched.cluster.ids import TrajStatus
-    from rlsched.plan_eval import trained_staleness
+    from rlsched.plan.evaluation import trained_staleness
     from rlsched.policies import make_policy
     from rlsched.sim.cost import CostModel
     from rlsched.sim.run import simulate

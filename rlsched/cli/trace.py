@@ -96,7 +96,7 @@ def gen(
 
 def _gen_like(like: Path, out: Path, seed: int, tasks: int | None, samples: int | None) -> None:
     """Fit length distributions of ``like`` (scipy.stats) and sample a larger trace."""
-    from rlsched.cli_import import fit_report_table
+    from rlsched.cli.trace_import import fit_report_table
     from rlsched.traces.fit import compare_distributions, fit_trace
 
     real = load_trace(like)

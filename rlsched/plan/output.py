@@ -1,6 +1,6 @@
 """What ``rlsched plan`` writes: the ranking table and ``recommended.toml``.
 
-``recommended.toml`` is an ordinary config file (``rlsched.cluster.config`` format), so
+``recommended.toml`` is an ordinary config file (``rlsched.config`` format), so
 ``rlsched compare --config`` and ``rlsched run --config ... --live`` take it unchanged; it
 is written by hand here (the standard library reads TOML but does not write it) and read
 back through :func:`parse_config` before it is published, so a file the project cannot
@@ -18,10 +18,10 @@ from typing import Any
 
 import pandas as pd
 
-from rlsched.cluster.config import RunConfig, parse_config
+from rlsched.cluster.config import RunConfig
+from rlsched.config import parse_config
 from rlsched.sim.cost import CostModel
-
-from .toml_write import toml_table, toml_value
+from rlsched.toml_write import toml_table, toml_value
 
 RANKING_COLUMNS = (
     "rank", "policy", "arm", "params", "steps_per_hour", "sph_mean", "sph_std", "sph_min",

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlsched.plan_eval import BASE, CachedRunner, Evaluation, Job
-from rlsched.plan_space import Arm, enqueue_params, suggest
+from rlsched.plan.evaluation import BASE, CachedRunner, Evaluation, Job
+from rlsched.plan.space import Arm, enqueue_params, suggest
 
 TOKEN_TOLERANCE = 0.01  # a config may train at most 1% fewer tokens than colocated
 BATCH = 4  # trials per generation: part of what makes a seed reproducible

@@ -110,7 +110,7 @@ def init_worker(setup: PlanSetup) -> None:
 
 
 def scenario_trace(setup: PlanSetup, sc: Scenario) -> pd.DataFrame:
-    from rlsched.plan_traces import bootstrap_tasks, double_tail, drop_tail
+    from rlsched.traces.variants import bootstrap_tasks, double_tail, drop_tail
 
     if sc.kind == "base":
         return setup.trace

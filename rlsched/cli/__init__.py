@@ -1,13 +1,12 @@
 """The ``rlsched`` command line: the composition root.
 
 Errors a user can cause arrive here as :class:`~rlsched.cluster.errors.RlschedError` and
-leave as one line on stderr and exit code 2 -- no traceback. Subcommand groups live in
-their own modules (``cli_trace``, ``cli_report``, ...) and are attached in :func:`build_app`.
+leave as one line on stderr and exit code 2 -- no traceback. Each verb lives in its own
+module of this package (``run`` -- also ``compare`` --, ``plan``, ``policy``, ``trace`` with
+``trace_import``, ``report``, ``calibrate``, ``cost``), attached in :func:`build_app`.
 """
 
 from __future__ import annotations
-
-import sys
 
 import typer
 
@@ -39,25 +38,16 @@ def build_app() -> typer.Typer:
         pretty_exceptions_enable=False,
         rich_markup_mode=None,  # help text shows [cluster], [[policy]] literally
     )
-    from rlsched import (
-        cli_calibrate,
-        cli_cost,
-        cli_import,
-        cli_plan,
-        cli_policy,
-        cli_report,
-        cli_run,
-        cli_trace,
-    )
+    from . import calibrate, cost, plan, policy, report, run, trace, trace_import
 
-    cli_run.register(app)
-    cli_plan.register(app)
-    app.add_typer(cli_policy.policy_app, name="policy")
-    cli_import.register(cli_trace.trace_app)
-    app.add_typer(cli_trace.trace_app, name="trace")
-    cli_report.register(app)
-    cli_calibrate.register(app)
-    cli_cost.register(app)
+    run.register(app)
+    plan.register(app)
+    app.add_typer(policy.policy_app, name="policy")
+    trace_import.register(trace.trace_app)
+    app.add_typer(trace.trace_app, name="trace")
+    report.register(app)
+    calibrate.register(app)
+    cost.register(app)
     return app
 
 
@@ -82,7 +72,3 @@ def main(argv: list[str] | None = None) -> int:
         typer.echo(f"rlsched: error: {usage_line(exc)}", err=True)
         return int(getattr(exc, "exit_code", 2) or 2)
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

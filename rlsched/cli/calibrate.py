@@ -30,7 +30,7 @@ def calibrate_cmd(
 ) -> None:
     """Measure the live backend (engines, trainer, weight sync, role switches, tools) and
     fit the simulator's cost model to it."""
-    from rlsched.cluster.config import ConfigFile, load_config
+    from rlsched.config import ConfigFile, load_config
 
     if out.suffix != ".toml":
         raise ConfigError(f"--out {out}: expected a .toml file name (the cost-model file)")

@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from rlsched.cluster.config import ConfigFile, LoggingConfig, RunConfig, load_config
+from rlsched.cluster.config import LoggingConfig, RunConfig
 from rlsched.cluster.errors import ConfigError
+from rlsched.config import ConfigFile, load_config
 
 TraceOpt = Annotated[Path | None, typer.Option("--trace", help="Trace (Parquet/JSONL). Default: the shipped sample.")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config: [cluster] [run] [cost] [[policy]].")]

@@ -2,7 +2,7 @@
 OpenHands evaluation output, mini-swe-agent trajectories, verl rollout dumps) into a trace
 file.
 
-Attached to the ``rlsched trace`` group by :func:`register` (called from ``rlsched/cli.py``).
+Attached to the ``rlsched trace`` group by :func:`register` (called from ``rlsched/cli/__init__.py``).
 Bad input files are skipped and listed in the summary; if every input is bad the import
 fails with one line (a ``TraceError``, printed by :mod:`rlsched.cli`) and writes nothing.
 Also holds :func:`fit_report_table`, the table ``trace gen --like`` prints.

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import pandas as pd
 import typer
 
-from rlsched.cli_run import (
+from rlsched.cli.run import (
     ConfigOpt,
     CostOpt,
     GpuOpt,

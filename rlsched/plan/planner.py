@@ -3,8 +3,8 @@ sure to be of it.
 
 Four phases, all on the simulator:
 
-1. **search** (:mod:`rlsched.plan_search`): Optuna TPE over every registered policy's
-   declared parameters (:mod:`rlsched.plan_space`), successive halving on step prefixes,
+1. **search** (:mod:`rlsched.plan.search`): Optuna TPE over every registered policy's
+   declared parameters (:mod:`rlsched.plan.space`), successive halving on step prefixes,
    objective steps/hour at equal trained tokens within the staleness bound;
 2. **robustness**: the best few distinct configurations replayed on bootstrap resamples of
    the trace's tasks; the mean winner is *flagged* when its worst resample falls more than
@@ -16,10 +16,11 @@ Four phases, all on the simulator:
    search's cost) and, when the analysis package's report writer is installed, run
    records and ``report.html`` for the top candidates.
 
-Phases 2 and 3 live in :mod:`rlsched.plan_checks`. The budget covers all phases: the
-search stops early enough to leave time for the fixed number of simulations the later
-phases need, estimated from the simulation speed measured so far (so a loaded machine
-searches less rather than overrunning).
+Phases 2 and 3 live in :mod:`rlsched.plan.checks`; what a plan is asked and answers
+(:class:`PlanRequest`, :class:`PlanResult`) in :mod:`rlsched.plan.request`, which both
+import. The budget covers all phases: the search stops early enough to leave time for the
+fixed number of simulations the later phases need, estimated from the simulation speed
+measured so far (so a loaded machine searches less rather than overrunning).
 Output is written to a temporary sibling of ``--out`` and renamed into place when complete.
 """
 
@@ -29,7 +30,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ import pandas as pd
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import ConfigError
 from rlsched.compare import prepare_out_dir, publish, run_dir_name
-from rlsched.plan_checks import (
+from rlsched.plan.checks import (
     PlanProgress,
     choose,
     distinct_best,
@@ -47,51 +48,16 @@ from rlsched.plan_checks import (
     robustness,
     sensitivity,
 )
-from rlsched.plan_eval import BASE, CachedRunner, Job, PlanSetup, make_runner
-from rlsched.plan_output import (
+from rlsched.plan.evaluation import BASE, CachedRunner, Job, PlanSetup, make_runner
+from rlsched.plan.output import (
     check_config_text,
     params_text,
     ranking_frame,
     recommended_toml,
 )
-from rlsched.plan_search import BASELINE, SearchResult, judge, search
-from rlsched.plan_space import build_arms
-from rlsched.sim.cost import CostModel
-
-
-@dataclass(frozen=True)
-class PlanRequest:
-    trace_path: Path
-    trace: pd.DataFrame  # the canonical trace read from trace_path
-    run: RunConfig
-    cost: CostModel
-    live: dict[str, Any] = field(default_factory=dict)
-    max_staleness: int = 1
-    budget_minutes: float = 2.0
-    max_trials: int | None = None
-    seed: int = 0
-    workers: int = 2
-    ray: str | None = None
-    policies: tuple[str, ...] | None = None
-    resamples: int = 5
-    top: int = 3
-    flag_pct: float = 5.0
-    sensitivity: bool = True
-    report: bool = True
-
-
-@dataclass
-class PlanResult:
-    ranking: pd.DataFrame
-    robustness: pd.DataFrame
-    sensitivity: pd.DataFrame
-    recommended: str
-    notes: list[str]
-    search: SearchResult
-    simulations: int
-    wall_seconds: float
-    out: Path
-    report: Path | None = None
+from rlsched.plan.request import PlanRequest, PlanResult
+from rlsched.plan.search import BASELINE, SearchResult, judge, search
+from rlsched.plan.space import build_arms
 
 
 def resolve_run(run: RunConfig, df: pd.DataFrame) -> RunConfig:
@@ -163,7 +129,7 @@ def _write_report(req: PlanRequest, setup: PlanSetup, specs: list[str], tmp: Pat
         from rlsched.analysis.report import write_report
     except ImportError:
         return None
-    from rlsched.plan_eval import _context
+    from rlsched.plan.evaluation import _context
     from rlsched.policies import canonical_spec, make_policy
     from rlsched.sim.run import simulate
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from rlsched.cli_run import ConfigOpt, CostOpt, GpuOpt, ModelOpt
+from rlsched.cli.run import ConfigOpt, CostOpt, GpuOpt, ModelOpt
 
 cost_app = typer.Typer(help="Inspect the cost model: presets and derived figures.", no_args_is_help=True)
 
@@ -47,7 +47,7 @@ def show_cmd(
     resharding and decode-step times."""
     from dataclasses import replace
 
-    from rlsched.cli_run import resolve_settings
+    from rlsched.cli.run import resolve_settings
 
     _cfg, run, c = resolve_settings(config, cost, model_preset, gpu_preset, tp=tp)
     if seq is not None:

@@ -15,16 +15,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from rlsched.cluster.errors import ConfigError
-from rlsched.plan_eval import CachedRunner, Evaluation, Job, PlanSetup, Scenario
-from rlsched.plan_search import BASELINE, SearchResult, judge
-
-if TYPE_CHECKING:
-    from rlsched.plan import PlanRequest
+from rlsched.plan.evaluation import CachedRunner, Evaluation, Job, PlanSetup, Scenario
+from rlsched.plan.request import PlanRequest
+from rlsched.plan.search import BASELINE, SearchResult, judge
 
 PlanProgress = Callable[[str, float, float, str], None]  # (phase, done, total, note)
 

@@ -1,0 +1,121 @@
+"""Config files: reading a TOML file and merging its sections into the run's records.
+
+A config file is TOML with optional tables ``[cluster]``, ``[run]``, ``[cost]`` (cost-model
+overrides, see ``rlsched.sim.cost``), ``[live]`` (live-backend settings) and ``[[policy]]``
+entries (``spec = "NAME:key=value,..."``), ``[faults]`` (fault injection in the simulator,
+see ``rlsched.cluster.faults``) and ``[logging]`` (where a live run streams its metrics:
+TensorBoard event files, W&B offline). Unknown tables or keys are errors, so a typo
+never silently falls back to a default.
+
+This is the composition root's part; the records it fills (:class:`RunConfig`,
+:class:`LoggingConfig`) live in :mod:`rlsched.cluster.config`, below both drivers.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from rlsched.cluster.config import LoggingConfig, RunConfig
+from rlsched.cluster.errors import ConfigError, did_you_mean, shown
+from rlsched.cluster.faults import parse_faults
+
+
+def parse_logging(table: Any, source: str) -> LoggingConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [logging] must be a table")
+    known = {f.name for f in fields(LoggingConfig)}
+    for k in table:
+        if k not in known:
+            raise ConfigError(f"{source}: [logging] unknown key {k!r}{did_you_mean(k, known)}")
+    kw = dict(table)
+    if "logger" in kw:
+        v = kw["logger"]
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list):
+            raise ConfigError(f"{source}: [logging] logger={shown(v)}: expected a name or a list of names")
+        kw["logger"] = tuple(v)
+    try:
+        return LoggingConfig(**kw)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigFile:
+    """A parsed config file: run settings, cost overrides, policy specs, live settings."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    cost: dict[str, Any] = field(default_factory=dict)
+    policies: tuple[str, ...] = ()
+    live: dict[str, Any] = field(default_factory=dict)
+    trace: str | None = None
+    source: str = "<defaults>"
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+_RUN_KEYS = {f.name for f in fields(RunConfig)} - {"faults"}
+_SECTIONS = {"cluster", "run", "cost", "policy", "live", "trace", "faults", "logging"}
+
+
+def load_config(path: str | Path) -> ConfigFile:
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read config ({exc.__class__.__name__})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: not a usable config: values are nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer past Python's 4300-digit conversion limit
+        raise ConfigError(f"{p}: not a usable config: {str(exc).splitlines()[0]}") from None
+    return parse_config(data, source=str(p))
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>") -> ConfigFile:
+    for key in data:
+        if key not in _SECTIONS:
+            raise ConfigError(f"{source}: unknown section {key!r}{did_you_mean(key, _SECTIONS)}")
+    run_kw: dict[str, Any] = {}
+    for section in ("cluster", "run"):
+        table = data.get(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: [{section}] must be a table")
+        for k, v in table.items():
+            if k not in _RUN_KEYS:
+                raise ConfigError(f"{source}: [{section}] unknown key {k!r}{did_you_mean(k, _RUN_KEYS)}")
+            run_kw[k] = v
+    if "faults" in data:
+        run_kw["faults"] = parse_faults(data["faults"], source)
+    run = RunConfig(**run_kw)
+    cost = data.get("cost", {})
+    if not isinstance(cost, dict):
+        raise ConfigError(f"{source}: [cost] must be a table")
+    pols = data.get("policy", [])
+    if isinstance(pols, dict):
+        pols = [pols]
+    if not isinstance(pols, list):
+        raise ConfigError(f"{source}: policy must be [[policy]] entries with spec = \"NAME:key=value,...\"")
+    specs: list[str] = []
+    for i, entry in enumerate(pols):
+        if not isinstance(entry, dict) or not isinstance(entry.get("spec"), str):
+            raise ConfigError(f"{source}: [[policy]] entry {i} needs spec = \"NAME:key=value,...\"")
+        extra = set(entry) - {"spec"}
+        if extra:
+            raise ConfigError(f"{source}: [[policy]] entry {i}: unknown key {sorted(extra)[0]!r}")
+        specs.append(entry["spec"])
+    live = data.get("live", {})
+    if not isinstance(live, dict):
+        raise ConfigError(f"{source}: [live] must be a table")
+    trace = data.get("trace")
+    if trace is not None and not isinstance(trace, str):
+        raise ConfigError(f"{source}: trace must be a path string")
+    logging = parse_logging(data["logging"], source) if "logging" in data else LoggingConfig()
+    return ConfigFile(run, dict(cost), tuple(specs), dict(live), trace, source, logging)
