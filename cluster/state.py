@@ -510,6 +510,12 @@ class ClusterState:
         t = self.trajs.get(trajectory)
         return t is not None and t.in_micro_batch
 
+    def min_version(self, trajectory: TrajectoryId) -> int:
+        try:
+            return self.trajs[trajectory].min_version
+        except KeyError:
+            raise PolicyError(f"unknown trajectory {trajectory!r}") from None
+
     def check(self, cmd: Command) -> None:
         """Raise PolicyError if ``cmd`` is illegal now (:func:`.legality.check` on this view)."""
         check(self, cmd)

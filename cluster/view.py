@@ -117,6 +117,7 @@ class ClusterView(Protocol):
     @property
     def max_staleness(self) -> int: ...  # the run's staleness bound (the policy's promise)
     def in_micro_batch(self, trajectory: TrajectoryId) -> bool: ...  # in a queued micro-batch
+    def min_version(self, trajectory: TrajectoryId) -> int: ...  # trajectory(t).min_version, no record
 
 
 VIEW_MEMBERS: frozenset[str] = frozenset(n for n in vars(ClusterView) if not n.startswith("_"))
