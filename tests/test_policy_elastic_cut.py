@@ -129,8 +129,8 @@ def test_no_cut_while_too_many_are_live():
 
 
 def test_an_idle_engine_steals_from_the_most_crowded():
-    # 4 engines kept in rollout (min_engines=4): engine 0 empties while the others hold 2
-    st, pol, sent = _start("elastic:steal=true,min_engines=4", 8, 2, 8, 2)
+    # 4 engines kept in rollout (min_engines=4): engine 0 empties while the others hold 3
+    st, pol, sent = _start("elastic:steal=true,min_engines=4", 8, 2, 12, 2)
     on_0 = [t for t in sent if st.trajs[t].engine == 0]
     for t in on_0:
         _finish(st, t)
@@ -147,7 +147,8 @@ def test_no_steal_when_off_or_nothing_is_crowded():
         _finish(st, t)
     assert not [c for c in pol.on_event(TrajectoryFinished(sent[0], TrajStatus.DONE, 3), st)
                 if isinstance(c, Move)]
-    st, pol, sent = _start("elastic:steal=true,min_engines=4", 8, 2, 4, 2)  # one per engine
-    _finish(st, sent[0])
+    st, pol, sent = _start("elastic:steal=true,min_engines=4", 8, 2, 8, 2)  # two per engine
+    for t in [t for t in sent if st.trajs[t].engine == 0]:
+        _finish(st, t)
     assert not [c for c in pol.on_event(TrajectoryFinished(sent[0], TrajStatus.DONE, 3), st)
-                if isinstance(c, Move)]
+                if isinstance(c, Move)]  # two on an engine is not crowded (_CROWDED = 3)
