@@ -13,8 +13,9 @@ steps (>= 12: 4-step runs are dominated by the first batch's warm-up):
   (``pack=64``: a batch is bound to engines at once), packing the tail off
   (``kv_limit=0.01``: only emptied engines leave rollout), tail stealing off (``steal=false``:
   an idle engine does not Move the longest trajectory off a crowded one), and tail cutting
-  on at staleness 1 (``cut``: the step's last trajectories are trained with the next step;
-  batches are then released one version later).
+  on at staleness 1 (``cut=0.25``: the step's last quarter at most is trained with the next
+  step, running on, or with ``cut_stop`` interrupted keeping progress and resumed; batches
+  are then released one version later).
 
 Traces: the shipped long-tail sample, the seed-scale preset (``swe-seed``, turns scaled
 by ``--seed-turns-scale`` to fit the time) and the drift preset (``longtail-growing``);
@@ -51,7 +52,7 @@ BASELINES = (["colocated"]
 ELASTIC = ["elastic", "elastic:staleness=1", "oracle", "oracle:staleness=1"]
 ABLATION = ([f"elastic:{a}{',staleness=1' if k else ''}" for k in (0, 1)
              for a in ("order=fifo", "pack=64", "kv_limit=0.01", "steal=false")]
-            + [f"elastic:cut={c},staleness=1" for c in (0.25, 1.0)])
+            + [f"elastic:cut=0.25{stop},staleness=1" for stop in ("", ",cut_stop=true")])
 _CACHE: dict[tuple, tuple] = {}
 
 

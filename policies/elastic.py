@@ -34,6 +34,7 @@ from typing import ClassVar
 
 from rlsched.cluster.commands import (
     Command,
+    Interrupt,
     Move,
     OptimizerStep,
     Reassign,
@@ -64,6 +65,7 @@ from .registry import register
 # could have had, on small long-tailed traces: the no-harm counterexample went from 1.7% to
 # 2.6% behind the best async with 2, 1.6% with 3; the bench's figures were the same).
 _CROWDED = 3
+_OPEN = (TrajStatus.PENDING, TrajStatus.QUEUED, TrajStatus.RUNNING, TrajStatus.INTERRUPTED)
 
 
 @register
@@ -101,6 +103,9 @@ class Elastic:
               "never cut twice. Batches are then released one version later (k-1 ahead), so a "
               "cut trajectory's oldest token stays within k of the version that trains it "
               "(0: never cut; ignored at staleness 0)", low=0.0, high=1.0),
+        Param("cut_stop", "bool", False, "a cut trajectory is interrupted keeping its finished "
+              "turns (the turn in progress is lost) and resumed, prefilled again, with the next "
+              "step's batch once its weights exist, instead of running on"),
         Param("steal", "bool", True, "an idle rollout engine takes (Move) the live trajectory "
               "predicted longest from the most crowded engine holding two or more (its KV moves "
               "with it, charged by the driver), instead of idling while the tail shares an engine"),
@@ -109,7 +114,7 @@ class Elastic:
     def __init__(self, tail: float = 1.0, pack: float = 1.0, kv_limit: float = 0.05,
                  min_engines: int = 1, drain: str = "migrate", staleness: int = 0,
                  train_share: float = 0.25, micro: int = 1, order: str = "longest",
-                 cut: float = 0.0, steal: bool = True) -> None:
+                 cut: float = 0.0, steal: bool = True, cut_stop: bool = False) -> None:
         self.tail = tail
         self.pack = pack
         self.kv_limit = kv_limit
@@ -121,6 +126,7 @@ class Elastic:
         self.order = order
         self.cut = cut
         self.steal = steal
+        self.cut_stop = cut_stop
         self.reset(None, random.Random(0))  # type: ignore[arg-type]
 
     @property
@@ -206,7 +212,7 @@ class Elastic:
                                    hold=self._coming(view) // view.tp)
         cmds += placed
         cmds += self._reclaim(view, tr)
-        self._cut_tail(view, tr)
+        cmds += self._cut_tail(view, tr)
         leaving = {g for c in cmds if isinstance(c, Reassign) and c.role is not Role.TRAIN for g in c.gpus}
         if not leaving or leaving.isdisjoint(tr.gpus):
             # (a micro-batch queued while the trainer's GPUs are being handed back would
@@ -306,7 +312,10 @@ class Elastic:
         for s in range(max(0, self._train_step - 1), self._released):
             stopped = view.interrupted(s)
             if stopped:
-                self._queue.add(s, stopped, front=True)
+                cut = self._cut_from.get(s, ())
+                self._queue.add(s, tuple(t for t in stopped if t not in cut), front=True)
+                # (a cut one resumes with the step that trains it, on its weights)
+                self._queue.add(s + 1, tuple(t for t in stopped if t in cut), front=True)
 
     def _reclaim(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
         """Bring trainer GPUs back to rollout while queued work has no engine to go to."""
@@ -446,39 +455,41 @@ class Elastic:
             live = (TrajStatus.PENDING, TrajStatus.QUEUED, TrajStatus.RUNNING)
             n -= sum(1 for t in self._cut_from.get(s, ()) if view.status(t) in live)
             n += sum(1 for t in self._cut_from.get(s - 1, ()) if view.status(t) in live)
-            n += self._queue.pending(s - 1)
         return n
 
     # ----------------------------------------------------------------- cutting
-    def _cut_tail(self, view: ClusterView, tr: TrainerInfo) -> None:
+    def _cut_tail(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
         """Cut the tail of the trainer's step (``cut``): when the trainer has trained all
         of the step it can and only a few of its trajectories are still live, those few
         are trained with the next step instead, so the optimizer step, the new weights and
         the next batch's release do not wait for them. They are not stopped: they keep
         their engine, KV and tokens and take the new weights with their engine (the
-        driver charges the sync as for every engine); a real driver could equally
-        interrupt them keeping progress and resume them. Legal only if the version that
+        driver charges the sync as for every engine); with ``cut_stop`` they are
+        interrupted keeping their finished turns and resumed with the next step's batch
+        (APRIL / Kimi k1.5's partial rollout). Legal only if the version that
         trains them (step+1) is within the staleness of their oldest token; one cut from
         the previous step is never cut again (it is trained now)."""
         s = self._train_step
         if (not self._cutting or s in self._cut_from or s + 1 >= view.num_steps
                 or s >= self._released or self._opt_sent):
-            return
+            return []
         if self._queue.pending(s) or self._ready(view, s) or tr.busy or tr.queued_micro_batches:
-            return  # not all placed yet, or the trainer has work of the step: no hurry
+            return []  # not all placed yet, or the trainer has work of the step: no hurry
         batch = view.batch(s)
         live = tuple(t for t in batch if view.status(t) in (TrajStatus.QUEUED, TrajStatus.RUNNING))
         if not live or len(live) > self.cut * len(batch):
-            return
+            return []
         carried = self._cut_from.get(s - 1, ())
-        if any(view.status(t) in (TrajStatus.PENDING, TrajStatus.QUEUED, TrajStatus.RUNNING)
-               for t in carried):
-            return  # the step waits for the tail it carries anyway: cutting gains nothing
+        if self._in_micro <= len(carried):
+            return []  # none of the step's own trained yet: a cut would move the whole step
+        if any(view.status(t) in _OPEN for t in carried):  # (interrupted: waits to resume)
+            return []  # the step waits for the tail it carries anyway: cutting gains nothing
         oldest = min(view.trajectory(t).min_version for t in live)
         if oldest >= 0 and s + 1 - oldest > self.staleness:
-            return  # (batches are released so that this does not happen; a safety net)
+            return []  # (batches are released so that this does not happen; a safety net)
         self._cut_from[s] = frozenset(live)
         self._meter.batch_done(s, view.now)
+        return [Interrupt(live, keep_progress=True)] if self.cut_stop else []
 
     # ---------------------------------------------------------------- stealing
     def _steal_tail(self, view: ClusterView) -> list[Command]:

@@ -152,3 +152,46 @@ def test_no_steal_when_off_or_nothing_is_crowded():
         _finish(st, t)
     assert not [c for c in pol.on_event(TrajectoryFinished(sent[0], TrajStatus.DONE, 3), st)
                 if isinstance(c, Move)]  # two on an engine is not crowded (_CROWDED = 3)
+
+
+def _tail_waits(spec: str):
+    """Step 0 of 8 trajectories on 4 engines: all but T3 and T7 (engine 3) finish and are
+    trained; the policy's answer to the trainer waiting."""
+    st, pol, sent = _start(spec, 8, 2, 8, 3)
+    for t in sent:
+        st.trajs[t].min_version = 0
+        if t not in ("T3", "T7"):
+            _finish(st, t)
+    _train_all(st, _to_train(st, pol, pol.on_event(TrajectoryFinished("T5", TrajStatus.DONE, 3), st)))
+    return st, pol, pol.on_event(TrajectoryFinished("T5", TrajStatus.DONE, 3), st)
+
+
+def test_cut_stop_interrupts_keeping_progress_and_resumes_with_the_next_batch():
+    st, pol, cmds = _tail_waits("elastic:staleness=1,cut=0.25,cut_stop=true")
+    (stop,) = [c for c in cmds if isinstance(c, Interrupt)]
+    assert sorted(stop.trajectories) == ["T3", "T7"] and stop.keep_progress
+    assert any(isinstance(c, OptimizerStep) for c in cmds)  # step 0 does not wait for them
+    for t in stop.trajectories:
+        st.engines_[3].discard(t)
+        st.mark_finished(t, TrajStatus.INTERRUPTED)
+    # not resumed on weights 0 (they are trained with step 1): they wait for weights 1
+    assert not [c for c in pol.on_event(TrajectoryFinished("T3", TrajStatus.INTERRUPTED, 2), st)
+                if isinstance(c, Dispatch)]
+    st.version = 1
+    for e in st.engines_.values():
+        e.version = 1
+    cmds = pol.on_event(TrainStepFinished(1), st)
+    resumed = {t for c in cmds if isinstance(c, Dispatch) for t in c.trajectories}
+    assert resumed == {"T3", "T7"}  # first in the queue: the one engine left has room for 2
+
+
+def test_no_cut_before_any_of_the_step_was_trained():
+    # cut=1.0 with the rollout just started: the trainer waits, but for the whole step --
+    # cutting now would move the entire batch to the next step
+    st, pol, sent = _start("elastic:staleness=1,cut=1.0", 8, 2, 3, 3)  # engine 3 is empty
+    assert all(st.trajs[t].engine != 3 for t in sent)
+    st.remove_engine(3)  # ...and trains (idle: nothing has finished)
+    for g in st.engine_gpus(3):
+        st.roles[g] = Role.TRAIN
+    assert not any(isinstance(c, OptimizerStep | Interrupt)
+                   for c in pol.on_event(TrajectoryFinished("T0", TrajStatus.DONE, 3), st))
