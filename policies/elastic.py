@@ -20,6 +20,13 @@ what it should do, and issues only the difference. What it should do:
   it needs for its spread come back from the trainer (as soon as its micro-batch ends);
   with a backlog to train the trainer keeps ``train_share`` of the GPUs.
 
+* **Spread the tail that is left** (``steal``): an engine kept in rollout with nothing to
+  do takes (``Move``) the trajectory predicted longest off an engine crowded with three
+  or more, instead of idling beside it; the driver charges the KV transfer.
+* **Cut the tail, if asked** (``cut``, staleness k >= 1 only): the step's optimizer step
+  need not wait for its last few trajectories; they are trained with the next step (and
+  batches are released one version later, so that stays within k).
+
 With k=0 this is colocated's schedule plus training that starts in the tail; with k >= 1
 batch s+1 is released the moment weights s+1-k exist and its rollout overlaps the
 training of batch s.
