@@ -114,7 +114,7 @@ class Elastic:
               "turns (the turn in progress is lost) and resumed, prefilled again, with the next "
               "step's batch once its weights exist, instead of running on"),
         Param("steal", "bool", True, "an idle rollout engine takes (Move) the live trajectory "
-              "predicted longest from the most crowded engine holding two or more (its KV moves "
+              "predicted longest from the most crowded engine holding three or more (its KV moves "
               "with it, charged by the driver), instead of idling while the tail shares an engine"),
     )
 
