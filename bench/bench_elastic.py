@@ -11,7 +11,11 @@ steps (>= 12: 4-step runs are dominated by the first batch's warm-up):
 * ``oracle`` (elastic placing by the trace's true lengths): an upper reference only;
 * an ablation of elastic: length prediction off (``order=fifo``), late binding off
   (``pack=64``: a batch is bound to engines at once), packing the tail off
-  (``kv_limit=0.01``: only emptied engines leave rollout).
+  (``kv_limit=0.01``: only emptied engines leave rollout), tail stealing off (``steal=false``:
+  an idle engine does not Move the longest trajectory off a crowded one), and tail cutting
+  on at staleness 1 (``cut=0.25``: the step's last quarter at most is trained with the next
+  step, running on, or with ``cut_stop`` interrupted keeping progress and resumed; batches
+  are then released one version later).
 
 Traces: the shipped long-tail sample, the seed-scale preset (``swe-seed``, turns scaled
 by ``--seed-turns-scale`` to fit the time) and the drift preset (``longtail-growing``);
@@ -46,8 +50,9 @@ BASELINES = (["colocated"]
              + [f"async:rollout_fraction={f},staleness={k}" for k in (0, 1) for f in FRACTIONS]
              + [f"partial:finish_fraction={f}" for f in (0.5, 0.75, 0.9)])
 ELASTIC = ["elastic", "elastic:staleness=1", "oracle", "oracle:staleness=1"]
-ABLATION = [f"elastic:{a}{',staleness=1' if k else ''}" for k in (0, 1)
-            for a in ("order=fifo", "pack=64", "kv_limit=0.01")]
+ABLATION = ([f"elastic:{a}{',staleness=1' if k else ''}" for k in (0, 1)
+             for a in ("order=fifo", "pack=64", "kv_limit=0.01", "steal=false")]
+            + [f"elastic:cut=0.25{stop},staleness=1" for stop in ("", ",cut_stop=true")])
 _CACHE: dict[tuple, tuple] = {}
 
 
