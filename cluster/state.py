@@ -592,6 +592,21 @@ class ClusterState:
             if e is not None and t.engine == e and t.pinned:
                 raise PolicyError(f"Move of {tid!r} to engine {e}, where it already is")
 
+    def _could_follow(self, moving: set[GpuId], role: Role) -> bool:
+        """Could a trainer GPU that this Reassign leaves behind have gone with it? Not one
+        whose engine has a failed GPU, to ROLLOUT (only whole engines roll out): a worker
+        failure, not the policy, leaves it there (it goes to IDLE by a next command, or
+        waits for its engine to recover) -- the floor refuses only a policy's choice."""
+        for g in self.gpus_in(Role.TRAIN):
+            if g in moving:
+                continue
+            if role is not Role.ROLLOUT:
+                return True
+            if all(x not in self.failed and self.roles[x] in (Role.TRAIN, Role.IDLE)
+                   for x in self.engine_gpus(self.engine_of(g))):
+                return True
+        return False
+
     def _check_reassign(self, gpus: tuple[GpuId, ...], role: Role) -> None:
         if not gpus:
             raise PolicyError("Reassign with no GPUs")
@@ -612,7 +627,7 @@ class ClusterState:
         if floor > 1 and role is not Role.TRAIN:
             leaving = sum(1 for g in gpus if self.roles[g] is Role.TRAIN)
             left = len(self.gpus_in(Role.TRAIN)) - leaving
-            if leaving and 0 < left < floor:
+            if leaving and 0 < left < floor and self._could_follow(set(gpus), role):
                 why = self._floor_why
                 raise PolicyError(
                     f"Reassign of {leaving} trainer GPUs leaves the trainer {left} GPUs, below its floor "
