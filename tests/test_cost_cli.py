@@ -25,7 +25,9 @@ def test_cost_show_dense_figures_and_default(capsys) -> None:
     assert "KV capacity 1,688,385 tokens" in out
     assert "floor 8 GPUs = tp 4 x pp 1 x cp 1 x dp 2; grows by 4 GPUs" in out
     assert "1.04 s within a domain, 1.32 s across domains" in out
-    assert main(["cost", "show"]) == 0
+    assert main(["cost", "show"]) == 0  # the default is that preset
+    assert "floor 8 GPUs = tp 4 x pp 1 x cp 1 x dp 2; grows by 4 GPUs" in capsys.readouterr().out
+    assert main(["cost", "show", "--model", "none"]) == 0  # the flat historic model
     assert "memory not modelled (no preset)" in capsys.readouterr().out
     assert main(["cost", "show", "--model", "ref-2.4t", "--gpu", "h200", "--seq", "700000"]) == 0
     assert "sized for 700,000-token sequences" in capsys.readouterr().out

@@ -60,3 +60,16 @@ def test_without_a_topology_every_move_pays_the_flat_transfer() -> None:
         pol = _moved_to(dest)
         _run(ONE, ["A"], pol, gpus=4, cost=MOVE_COST)
         assert pol.finished["A"] == pytest.approx(14.5 + 6.5 + 7, **APPROX)
+
+
+def test_cost_show_prints_the_migration_both_ways() -> None:
+    from rlsched.cli_cost import describe
+    from rlsched.sim.presets import preset_cost
+
+    # Qwen2.5-32B KV: 2 x 64 layers x 8 heads x 128 x 2 bytes = 262,144 B per token; a
+    # 32,768-token context is 8.59 GB, over 4 shards: 4 x 450 GB/s NVLink -> 4.8 ms, 4 x 50
+    # GB/s NICs -> 42.9 ms
+    kv = 2 * 64 * 8 * 128 * 2 * 32768
+    assert kv / (4 * 450e9) * 1e3 == pytest.approx(4.77, abs=0.01)
+    line = next(s for s in describe(preset_cost("qwen2.5-32b", "h200"), 4) if s.startswith("migrate"))
+    assert "4.8 ms (KV transfer) within a domain, 42.9 ms (KV transfer) across domains" in line
