@@ -293,3 +293,14 @@ def test_every_policy_runs_on_a_trillion_parameter_moe(spec: str, tmp_path) -> N
     assert d.state.gpus_per_node == 8 and d.state.trainer().min_gpus == 256
     assert int(s["steps"].iloc[0]) == 1
     assert float(s["sim_seconds"].iloc[0]) >= float(s["lower_bound_seconds"].iloc[0])
+
+
+def test_a_plans_cost_table_reloads_as_the_same_model() -> None:
+    # recommended.toml's [cost] holds what differs from the default preset; loaded over the
+    # default again it is the planned model -- the flat one (--model none) included
+    from rlsched.plan_output import cost_overrides
+
+    for c in (CostModel(), preset_cost("qwen2.5-32b", "h200"), preset_cost("qwen3-30b-a3b", "b200"),
+              CostModel(switch_s=3.0)):
+        assert resolve_cost(None, None, None, dict(cost_overrides(c))) == c
+    assert cost_overrides(preset_cost("qwen2.5-32b", "h200")) == {}
