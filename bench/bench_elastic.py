@@ -40,7 +40,7 @@ from rlsched.cluster.ids import TrajStatus
 from rlsched.policies import make_policy, parse_spec
 from rlsched.policies.oracle import Oracle
 from rlsched.policies.registry import resolve_params
-from rlsched.sim.cost import CostModel
+from rlsched.sim.presets import default_cost
 from rlsched.sim.run import simulate
 from rlsched.sim.workload import Workload
 from rlsched.traces import draw_batches, generate_trace, load_trace, sample_trace_path, write_trace
@@ -79,7 +79,8 @@ def run_one(job: tuple[str, str, int, int, int, bool]) -> dict:
     w, b, turns = _setup(trace, steps, tasks)
     policy = _policy(spec, turns)
     t0 = time.perf_counter()
-    out = simulate(w, b, policy, RunConfig(gpus=gpus, tp=4, steps=steps, processor=processor), CostModel())
+    out = simulate(w, b, policy, RunConfig(gpus=gpus, tp=4, steps=steps, processor=processor),
+                   default_cost())
     r = out.result
     # staleness of trained tokens, as compare counts it (a trajectory with no kept token
     # has none)

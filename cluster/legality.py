@@ -140,6 +140,22 @@ def _check_move(view: ClusterView, tids: tuple[TrajectoryId, ...], e: EngineId |
             raise PolicyError(f"Move of {tid!r} to engine {e}, where it already is")
 
 
+def _could_follow(view: ClusterView, moving: set[GpuId], role: Role, failed: set[GpuId]) -> bool:
+    """Could a trainer GPU that this Reassign leaves behind have gone with it? Not one
+    whose engine has a failed GPU, to ROLLOUT (only whole engines roll out): a worker
+    failure, not the policy, leaves it there (it goes to IDLE by a next command, or
+    waits for its engine to recover) -- the floor refuses only a policy's choice."""
+    for g in view.gpus_in(Role.TRAIN):
+        if g in moving:
+            continue
+        if role is not Role.ROLLOUT:
+            return True
+        if all(x not in failed and view.role(x) in (Role.TRAIN, Role.IDLE)
+               for x in view.engine_gpus(view.engine_of(g))):
+            return True
+    return False
+
+
 def _check_reassign(view: ClusterView, gpus: tuple[GpuId, ...], role: Role) -> None:
     if not gpus:
         raise PolicyError("Reassign with no GPUs")
@@ -163,7 +179,7 @@ def _check_reassign(view: ClusterView, gpus: tuple[GpuId, ...], role: Role) -> N
     if floor > 1 and role is not Role.TRAIN:
         leaving = sum(1 for g in gpus if view.role(g) is Role.TRAIN)
         left = len(view.gpus_in(Role.TRAIN)) - leaving
-        if leaving and 0 < left < floor:
+        if leaving and 0 < left < floor and _could_follow(view, set(gpus), role, failed):
             why = tr.floor_reason
             raise PolicyError(
                 f"Reassign of {leaving} trainer GPUs leaves the trainer {left} GPUs, below its floor "

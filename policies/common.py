@@ -96,9 +96,14 @@ def back_to_rollout(view: ClusterView, gpus: tuple[GpuId, ...]) -> tuple[tuple[G
 def phase_is_stuck(view: ClusterView, phase: Role, step: int) -> bool:
     """For policies that move the whole cluster between phases (colocated, partial): a
     recovered GPU waits for the next phase change, unless the current phase holds no GPU
-    at all (every engine, or every trainer GPU, failed) -- then it must move now."""
-    held = view.engines() if phase is Role.ROLLOUT else view.trainer().gpus
-    return not held and not view.gpus_in(Role.SWITCHING) and step < view.num_steps
+    at all (every engine, or every trainer GPU, failed) or a trainer below its memory floor
+    (which runs nothing) -- then it must move now."""
+    if phase is Role.ROLLOUT:
+        short = not view.engines()
+    else:
+        tr = view.trainer()
+        short = not tr.gpus or len(tr.gpus) < tr.min_gpus
+    return short and not view.gpus_in(Role.SWITCHING) and step < view.num_steps
 
 
 class Retries:

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rlsched.cluster.commands import Command, Dispatch
-from rlsched.cluster.ids import EngineId, TrajectoryId, TrajStatus
+from rlsched.cluster.ids import EngineId, GpuId, TrajectoryId, TrajStatus
 from rlsched.cluster.view import ClusterView
 
 Predict = Callable[[TrajectoryId, str, int], float]
@@ -103,3 +103,68 @@ def per_engine_cap(batch_size: int, engines: int, pack: float) -> int:
     """Trajectories an engine may hold: ``pack`` times an even spread of one batch over
     every engine of the cluster (at least one)."""
     return max(1, math.ceil(pack * batch_size / max(1, engines)))
+
+
+# ------------------------------------------------------------------ topology
+# Where GPUs are matters once a cost model has NVLink domains (``view.gpus_per_node``):
+# the trainer's gradient reduction stays on NVLink only while it fits one domain, GPUs
+# that join it reshard over NVLink only from domains it already holds, and an engine
+# next to a trainer GPU syncs its weights over NVLink. These orderings only break ties
+# of the choices a policy already makes (least loaded engines go, any trainer GPUs come
+# back), so on a flat fabric (``gpus_per_node`` 0) they give the old orders unchanged.
+
+
+def _domain(view: ClusterView, gpu: int) -> int:
+    n = view.gpus_per_node
+    return gpu // n if n > 0 else 0
+
+
+def _trainer_per_domain(view: ClusterView) -> dict[int, int]:
+    held: dict[int, int] = {}
+    for g in view.trainer().gpus:
+        d = _domain(view, g)
+        held[d] = held.get(d, 0) + 1
+    return held
+
+
+def to_trainer_order(view: ClusterView, loads: Sequence[tuple[EngineId, int]]) -> list[EngineId]:
+    """Engines ``(id, load)`` in the order they should go to the trainer: least loaded
+    first; of equal loads, those in a domain where the trainer already holds the most GPUs
+    (its resharding and reduction stay on NVLink), then those whose domain has the most
+    candidates of that load (whole domains go together), then the highest id (the order
+    without a topology)."""
+    if view.gpus_per_node <= 0:
+        return [e for e, _ in sorted(loads, key=lambda el: (el[1], -el[0]))]
+    held = _trainer_per_domain(view)
+    dom = {e: _domain(view, view.engine_gpus(e)[0]) for e, _ in loads}
+    same: dict[tuple[int, int], int] = {}
+    for e, load in loads:
+        same[(dom[e], load)] = same.get((dom[e], load), 0) + 1
+    return [e for e, _ in sorted(loads, key=lambda el: (
+        el[1], -held.get(dom[el[0]], 0), -same[(dom[el[0]], el[1])], -el[0]))]
+
+
+def from_trainer_order(view: ClusterView, gpus: Sequence[GpuId], count: int) -> tuple[GpuId, ...]:
+    """``count`` of the trainer's ``gpus`` to give back, whole engines where possible: from
+    the domains where the trainer holds the fewest GPUs first, so that what stays fills
+    whole domains; of equal domains, the highest GPUs. Without a topology: the last
+    ``count`` of ``gpus`` (the order a policy took before)."""
+    if count <= 0:
+        return ()
+    if view.gpus_per_node <= 0 or count >= len(gpus):
+        return tuple(gpus[len(gpus) - count:]) if count < len(gpus) else tuple(gpus)
+    held = _trainer_per_domain(view)
+    mine = set(gpus)
+    groups: dict[EngineId, list[GpuId]] = {}
+    for g in gpus:
+        groups.setdefault(view.engine_of(g), []).append(g)
+    whole = [gs for e, gs in groups.items() if all(x in mine for x in view.engine_gpus(e))]
+    whole.sort(key=lambda gs: (held.get(_domain(view, gs[0]), 0), -max(gs)))
+    out: list[GpuId] = []
+    for gs in whole:
+        if len(out) + len(gs) <= count:
+            out.extend(gs)
+    if len(out) < count:  # (engines cut by a failure, or a count that is not whole engines)
+        chosen = set(out)
+        out.extend([g for g in reversed(gpus) if g not in chosen][:count - len(out)])
+    return tuple(sorted(out))

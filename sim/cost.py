@@ -34,7 +34,11 @@ Formulas (all times in seconds, per engine of ``tp`` GPUs):
   more than one GPU, so each direction may have its own constant and per-GPU slope;
   ``switch_s`` alone (the default) charges every switch the same.
 * migration of a trajectory's context: the cheaper of a KV transfer
-  (``kv_bytes_per_token * ctx / kv_transfer_bw``) and re-prefilling it.
+  (``kv_bytes_per_token * ctx / kv_transfer_bw``; with a topology ``tp`` shards over NVLink
+  within a domain or the NICs across, :meth:`CostModel.migrate_s`) and re-prefilling it.
+
+These dataclass defaults are the flat historic model (``--model none``); the simulator's
+default is the ``qwen2.5-32b``/``h200`` preset on top of them (``sim/presets.py``).
 """
 
 from __future__ import annotations

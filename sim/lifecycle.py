@@ -207,7 +207,8 @@ class Lifecycle(DriverCore):
         else:
             held = t.ctx + ((p + t.turn_progress) if mid else 0)
             if t.moved_at >= 0.0 and held > 0:
-                secs, by_prefill = self.cost.migrate_s(self.cfg.tp, held)
+                secs, by_prefill = self.cost.migrate_s(self.cfg.tp, held,
+                                                       self._kv_local(t.moved_from, eng.first_gpu))
                 if by_prefill:
                     new, cached = held + (0 if mid else p), 0
                 else:
@@ -231,6 +232,17 @@ class Lifecycle(DriverCore):
         self._engine_touch(eng)
         eng.rearm(self.now)
         return True
+
+    def _kv_local(self, src: int, dst: int) -> bool:
+        """Does a context move from the engine at GPU ``src`` to the one at ``dst`` stay in
+        NVLink domains? KV shard ``i`` goes from GPU ``src+i`` to ``dst+i``; the transfer is
+        as slow as its slowest shard, so it is local only when every pair shares a domain
+        (weight sync decides by where the GPUs are the same way). Flat fabric, or a source
+        not known: not local (``migrate_s`` then uses ``kv_transfer_bw`` or the NICs)."""
+        n = self.cost.gpus_per_node
+        if n <= 0 or src < 0:
+            return False
+        return all((src + i) // n == (dst + i) // n for i in range(self.cfg.tp))
 
     def _join_after_transfer(self, t: SimTraj, args: tuple[int, int, int, int]) -> None:
         e, new, cached, token = args
@@ -335,6 +347,7 @@ class Lifecycle(DriverCore):
             return
         if had_kv:
             t.moved_at = self.now
+            t.moved_from = eng.first_gpu
         if self.rec is not None:
             self.rec.event(self.now, "Requeue", engine=eng.id, trajectory=t.tid,
                            detail=f"{t.ctx} tokens of context")
@@ -503,6 +516,7 @@ class Lifecycle(DriverCore):
             t.kv_cached = False
             if had_kv:
                 t.moved_at = self.now
+                t.moved_from = eng.first_gpu
                 ts.migrations += 1
                 if self.rec is not None:
                     self.rec.event(self.now, "Migrate", engine=-1 if dest is None else dest,

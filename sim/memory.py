@@ -268,6 +268,12 @@ def trainer_floor(state: Any, cost: CostModel, tp: int, kv_capacity: int) -> Tra
     layout = train_layout(cost)
     if layout.memory is not None:
         m = layout.memory
+        if layout.min_gpus > state.num_gpus:  # (no policy could ever train: say so before running)
+            raise ConfigError(
+                f"cost model: training {cost.params / 1e9:.3g}B parameters on {cost.train_seq_tokens:.0f}-token "
+                f"sequences needs at least {layout.min_gpus} GPUs (tp={layout.tp} pp={layout.pp} cp={layout.cp} "
+                f"x dp={layout.min_dp}); the cluster has {state.num_gpus}: use --gpus >= {layout.min_gpus}, a "
+                "smaller --model or train_seq_tokens, or --model none (the flat model, no trainer floor)")
         state.set_trainer_floor(layout.min_gpus, layout.unit, why=(
             f"tp={layout.tp} pp={layout.pp} cp={layout.cp} x dp={layout.min_dp}: {m.total / 1e9:.0f} of "
             f"{m.capacity / 1e9:.0f} GB per GPU for a {cost.train_seq_tokens:.0f}-token sequence"))

@@ -6,9 +6,13 @@ model = ... gpu = ...``) starts the cost model from these; a cost file and ``[co
 fields still override any of them. The sources are listed again, with the derivations,
 in ``sim/COST_MODEL.md``.
 
-Switching the simulator's default to a preset is one line: set :data:`DEFAULT_PRESET`
-(for example ``("qwen2.5-32b", "h200")``); :func:`default_cost` is what every front door
-starts from.
+The default is a preset: :data:`DEFAULT_PRESET` (Qwen2.5-32B on H200s, the shape and GPU
+the flat :class:`CostModel` defaults were always documented as), so a schedule the
+simulator accepts by default is one such a cluster can run (a trainer of at least its
+memory floor, resharding and topology charged). ``--model none`` (or ``[cost] model =
+"none"``) gives the historic flat model: :class:`CostModel`'s own defaults, with no
+trainer floor, free resharding, perfect scaling and one flat fabric.
+:func:`default_cost` is what every front door starts from.
 """
 
 from __future__ import annotations
@@ -22,8 +26,14 @@ from rlsched.cluster.errors import ConfigError
 from .cost import CostModel
 
 #: (model, gpu) every cost model starts from when none is named; ``None``: the historic
-#: defaults of :class:`CostModel` (no trainer floor, flat fabric, dense).
-DEFAULT_PRESET: tuple[str, str] | None = None
+#: defaults of :class:`CostModel` (no trainer floor, flat fabric, dense). Qwen2.5-32B on
+#: H200: exactly the model shape and GPU figures of :class:`CostModel`'s defaults (the
+#: shipped trace and the README describe that setup), plus what such a cluster imposes.
+DEFAULT_PRESET: tuple[str, str] | None = ("qwen2.5-32b", "h200")
+
+#: the name that selects no preset: the flat historic :class:`CostModel` defaults
+#: (``--model none``, ``[cost] model = "none"``)
+FLAT = "none"
 
 #: the longest sequence a preset's trainer is sized for (tokens), unless overridden:
 #: 128k, a common long-context training length; the reference's ~700k-token rollouts
@@ -188,7 +198,17 @@ def resolve_cost(model: str | None, gpu: str | None, cost_file: Any = None,
     gpu = gpu or rest.pop("gpu", None)
     rest.pop("model", None)
     rest.pop("gpu", None)
-    base = default_cost() if model is None and gpu is None else preset_cost(model, gpu)
+    flat = [n for n in (model, gpu) if n is not None and n.strip().lower() == FLAT]
+    if flat:
+        other = [n for n in (model, gpu) if n is not None and n.strip().lower() != FLAT]
+        if other:
+            raise ConfigError(f"--model/--gpu (or {source} model/gpu) {FLAT!r} is the flat historic cost model, which "
+                              f"takes no preset; drop {other[0]!r} or name both a model and a GPU")
+        base = CostModel()
+    elif model is None and gpu is None:
+        base = default_cost()
+    else:
+        base = preset_cost(model, gpu)
     if cost_file is not None:
         base = CostModel.from_file(cost_file, base=base)
     if rest:

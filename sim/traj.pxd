@@ -10,5 +10,5 @@ cdef class SimTraj:
     cdef public bint truncated, mid_turn, kv_cached, in_env, sandbox, waiting_sandbox
     cdef public long long ctx, charged, prompt_kept, output_kept, generated, wasted
     cdef public long long turn_progress, turn_version, env_token, join_token, timer_token
-    cdef public long long fault_hits, pending_out
+    cdef public long long fault_hits, pending_out, moved_from
     cdef public double moved_at, hung

@@ -103,14 +103,14 @@ def test_refuses_non_empty_out_without_force(tmp_path, small_trace, capsys):
 def test_config_file_supplies_policies_and_cluster(tmp_path, small_trace):
     cfg = tmp_path / "c.toml"
     cfg.write_text(
-        f'trace = "{small_trace}"\n[cluster]\ngpus = 8\ntp = 2\n[run]\nsteps = 1\n'
+        f'trace = "{small_trace}"\n[cluster]\ngpus = 16\ntp = 2\n[run]\nsteps = 1\n'
         '[[policy]]\nspec = "async:rollout_fraction=0.5,staleness=0"\n[cost]\nswitch_s = 2.0\n'
     )
     out = tmp_path / "o"
     assert main(["compare", "--config", str(cfg), "--out", str(out), "--no-report"]) == 0
     s = pd.read_csv(out / "summary.csv")
     assert list(s.policy) == ["async:rollout_fraction=0.5,staleness=0"]
-    assert (s.num_gpus == 8).all()
+    assert (s.num_gpus == 16).all()
 
 
 @pytest.mark.parametrize(("argv", "needle"), [

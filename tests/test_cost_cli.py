@@ -25,7 +25,9 @@ def test_cost_show_dense_figures_and_default(capsys) -> None:
     assert "KV capacity 1,688,385 tokens" in out
     assert "floor 8 GPUs = tp 4 x pp 1 x cp 1 x dp 2; grows by 4 GPUs" in out
     assert "1.04 s within a domain, 1.32 s across domains" in out
-    assert main(["cost", "show"]) == 0
+    assert main(["cost", "show"]) == 0  # the default is that preset
+    assert "floor 8 GPUs = tp 4 x pp 1 x cp 1 x dp 2; grows by 4 GPUs" in capsys.readouterr().out
+    assert main(["cost", "show", "--model", "none"]) == 0  # the flat historic model
     assert "memory not modelled (no preset)" in capsys.readouterr().out
     assert main(["cost", "show", "--model", "ref-2.4t", "--gpu", "h200", "--seq", "700000"]) == 0
     assert "sized for 700,000-token sequences" in capsys.readouterr().out
@@ -58,10 +60,12 @@ def test_compare_with_a_preset_and_config(tmp_path, capsys) -> None:
     assert main([*base, "--out", str(tmp_path / "c")]) == 0
     c = pd.read_csv(tmp_path / "c" / "summary.csv")
     assert list(c.sim_seconds) != list(a.sim_seconds)  # the preset changes the figures
-    # a cluster smaller than the trainer's floor (16 on H100) stalls with the reason
+    # a cluster smaller than the trainer's floor (16 on H100) is refused before running
     assert main(["compare", "--no-report", "--gpus", "8", "--steps", "1", "--policies", "colocated",
                  "--out", str(tmp_path / "d"), "--model", "qwen2.5-32b", "--gpu", "h100"]) == 2
-    assert "fewer than the trainer's floor of 16" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (earlier commands' progress above it)
+    assert "needs at least 16 GPUs (tp=8 pp=1 cp=1 x dp=2); the cluster has 8" in err
+    assert err.startswith("rlsched: error: ") and "--model none" in err and not (tmp_path / "d").exists()
 
 
 def test_live_run_refuses_a_preset(capsys) -> None:

@@ -171,7 +171,16 @@ def test_preset_selection_and_errors() -> None:
     c = resolve_cost(None, None, None, {"model": "qwen2.5-7b", "gpu": "b200", "switch_s": 3.0})
     assert c.params == 7.61e9 and c.hbm_bytes == 180e9 and c.switch_s == 3.0
     assert resolve_cost("qwen2.5-72b", None, None, {"model": "qwen2.5-7b"}).params == 72.7e9  # flag wins
-    assert resolve_cost(None, None, None, {}) == CostModel()
+    # the default is the Qwen2.5-32B / H200 preset (the flat defaults' own shape and GPU)
+    assert resolve_cost(None, None, None, {}) == preset_cost("qwen2.5-32b", "h200")
+    assert train_layout(resolve_cost(None, None, None, {})).min_gpus == 8
+    # "none" is the flat historic model, from a flag or [cost]; a cost field still applies
+    assert resolve_cost("none", None, None, {}) == CostModel()
+    assert resolve_cost(None, "None", None, {}) == CostModel()
+    assert resolve_cost(None, None, None, {"model": "none", "switch_s": 3.0}) == CostModel(switch_s=3.0)
+    assert train_layout(resolve_cost("none", None, None, {})).min_gpus == 1
+    with pytest.raises(ConfigError, match=r"'none' is the flat historic cost model.*drop 'h100'"):
+        resolve_cost("none", "h100", None, {})
     with pytest.raises(ConfigError, match=r"unknown model preset 'qwen2.5-33b' \(did you mean qwen2.5-32b\?\)"):
         preset_cost("qwen2.5-33b", "h200")
     with pytest.raises(ConfigError, match="expected a preset name"):
@@ -284,3 +293,14 @@ def test_every_policy_runs_on_a_trillion_parameter_moe(spec: str, tmp_path) -> N
     assert d.state.gpus_per_node == 8 and d.state.trainer().min_gpus == 256
     assert int(s["steps"].iloc[0]) == 1
     assert float(s["sim_seconds"].iloc[0]) >= float(s["lower_bound_seconds"].iloc[0])
+
+
+def test_a_plans_cost_table_reloads_as_the_same_model() -> None:
+    # recommended.toml's [cost] holds what differs from the default preset; loaded over the
+    # default again it is the planned model -- the flat one (--model none) included
+    from rlsched.plan_output import cost_overrides
+
+    for c in (CostModel(), preset_cost("qwen2.5-32b", "h200"), preset_cost("qwen3-30b-a3b", "b200"),
+              CostModel(switch_s=3.0)):
+        assert resolve_cost(None, None, None, dict(cost_overrides(c))) == c
+    assert cost_overrides(preset_cost("qwen2.5-32b", "h200")) == {}

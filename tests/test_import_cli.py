@@ -69,7 +69,7 @@ def test_imported_trace_runs_through_compare(app, tmp_path, capsys):
     assert res.exit_code == 0, res.output
     out = tmp_path / "cmp"
     code = main(["compare", "--trace", str(trace), "--policies", "colocated,async",
-                 "--out", str(out), "--gpus", "8", "--tp", "2", "--steps", "2",
+                 "--out", str(out), "--gpus", "8", "--tp", "2", "--steps", "2", "--model", "none",
                  "--tasks-per-step", "2", "--samples-per-task", "1", "--no-report"])
     assert code == 0, capsys.readouterr().err
     summary = pd.read_csv(out / "summary.csv")

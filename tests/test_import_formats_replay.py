@@ -41,7 +41,7 @@ def test_import_validate_and_replay(fmt, tmp_path, capsys):
 
     run = tmp_path / "cmp"
     code = main(["compare", "--trace", str(trace), "--policies", "colocated,async",
-                 "--gpus", "8", "--tp", "2", "--steps", "2", "--out", str(run), "--no-report"])
+                 "--gpus", "8", "--tp", "2", "--steps", "2", "--model", "none", "--out", str(run), "--no-report"])
     assert code == 0, capsys.readouterr().err
     summary = pd.read_csv(run / "summary.csv")
     assert summary["policy"].tolist() == ["colocated", "async"]

@@ -87,6 +87,7 @@ def test_resume_of_a_simulated_run_is_refused_in_one_line(tmp_path, capsys) -> N
     from rlsched.real.checkpoint import read_manifest
 
     out = tmp_path / "sim"
-    assert main(["run", "--policy", "colocated", "--steps", "1", "--gpus", "4", "--tp", "1", "--out", str(out)]) == 0
+    assert main(["run", "--policy", "colocated", "--steps", "1", "--gpus", "4", "--tp", "1",
+                 "--model", "none", "--out", str(out)]) == 0
     with pytest.raises(ConfigError, match="run, not a live run; only `run --live` runs resume"):
         read_manifest(find_live_run(out))

@@ -20,8 +20,12 @@ def register(app: typer.Typer) -> None:
 @cost_app.command("list")
 def list_cmd() -> None:
     """The model and GPU presets, with their sources."""
-    from rlsched.sim.presets import GPUS, MODELS
+    from rlsched.sim.presets import DEFAULT_PRESET, FLAT, GPUS, MODELS
 
+    if DEFAULT_PRESET is not None:
+        typer.echo(f"default: --model {DEFAULT_PRESET[0]} --gpu {DEFAULT_PRESET[1]}; "
+                   f"--model {FLAT}: the flat historic model (no trainer floor, free resharding, "
+                   "perfect scaling, one flat fabric)")
     typer.echo("models:")
     for m in MODELS.values():
         kind = (f"MoE {m.params / 1e9:g}B total / {m.active_params / 1e9:g}B active, "
@@ -93,6 +97,16 @@ def describe(c: object, tp: int, context: float = 32768.0) -> list[str]:
                    f"{c.sync_s(tp, False):.2f} s across domains")
     else:
         out.append(f"sync       {c.sync_s():.2f} s per engine (flat: latency + weights / sync_bw)")
+    if cap:
+        ctx = min(context, float(cap))
+        near, far = c.migrate_s(tp, ctx, True), c.migrate_s(tp, ctx, False)
+
+        def _way(m: tuple[float, bool]) -> str:
+            return f"{m[0] * 1e3:.1f} ms ({'re-prefill' if m[1] else 'KV transfer'})"
+
+        out.append(f"migrate    a {ctx:,.0f}-token context between tp={tp} engines: "
+                   + (f"{_way(near)} within a domain, {_way(far)} across domains" if c.gpus_per_node
+                      else f"{_way(far)} (flat: KV / kv_transfer_bw, or re-prefill)"))
     lay = train_layout(c)
     if lay.memory is None:
         out.append("trainer    memory not modelled (no preset): floor 1 GPU, grows by 1, free resharding, "

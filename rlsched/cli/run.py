@@ -24,7 +24,9 @@ TasksOpt = Annotated[int | None, typer.Option("--tasks-per-step", help="Tasks dr
 SamplesOpt = Annotated[int | None, typer.Option("--samples-per-task", help="Trajectories used per task.")]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Seed for the run.")]
 CheckOpt = Annotated[bool, typer.Option("--check", help="Check invariants at run time (slower).")]
-ModelOpt = Annotated[str | None, typer.Option("--model", help="Model preset (see `rlsched cost list`), e.g. qwen2.5-32b.")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help=(
+    "Model preset (see `rlsched cost list`), e.g. qwen2.5-32b; default qwen2.5-32b on h200; "
+    "'none': the flat historic cost model (no trainer floor, flat fabric)."))]
 GpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU preset (see `rlsched cost list`), e.g. h200.")]
 
 

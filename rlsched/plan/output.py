@@ -35,7 +35,9 @@ _CLUSTER_KEYS = ("gpus", "tp")
 
 def cost_overrides(cost: CostModel) -> dict[str, Any]:
     """The fields of ``cost`` that differ from the reference model (the ``[cost]`` table)."""
-    ref = CostModel()
+    from rlsched.sim.presets import default_cost
+
+    ref = default_cost()  # (a flat --model none plan writes the fields that undo the preset)
     return {f.name: getattr(cost, f.name) for f in fields(cost)
             if getattr(cost, f.name) != getattr(ref, f.name)}
 
