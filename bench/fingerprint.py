@@ -11,11 +11,8 @@ must not alter behaviour; the ``all`` line must be equal. Host-time columns (``w
 and any other in ``HOST_COLUMNS``) differ between any two runs and are excluded; so are the
 report files, which embed nothing the run records do not.
 
-The settings without faults run the default cost model (``default_cost()``: the
-``DEFAULT_PRESET``, with the trainer's memory floor); the two with a fault schedule run the
-flat historic model (``--model none``): under this schedule (6 GPU failures an hour on 16
-GPUs) ``elastic`` sends a Reassign that would leave its trainer below the 8-GPU floor, which
-the driver refuses -- an elastic bug with failures, not yet fixed (see CHANGELOG).
+Every setting runs the default cost model (``default_cost()``: the ``DEFAULT_PRESET``, with
+the trainer's memory floor).
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ from rlsched.cluster.config import RunConfig
 from rlsched.cluster.faults import Fault, FaultSchedule
 from rlsched.compare import ComparePlan, compare
 from rlsched.policies import available
-from rlsched.sim.cost import CostModel
 from rlsched.sim.presets import default_cost
 from rlsched.traces import sample_trace_path
 
@@ -59,7 +55,7 @@ def fingerprint() -> dict[str, str]:
         cfg = RunConfig(gpus=16, tp=2, steps=4, tasks_per_step=8, check=True,
                         faults=faults, processor=processor)
         with tempfile.TemporaryDirectory() as d:
-            cost = CostModel() if faults is not None else default_cost()
+            cost = default_cost()
             summary = compare(ComparePlan(sample_trace_path(), specs(), cfg, cost),
                               Path(d) / "out", report=False)
             summary = summary.drop(columns=[c for c in HOST_COLUMNS if c in summary.columns])

@@ -19,7 +19,7 @@ from rlsched.policies.registry import canonical_spec, resolve_params
 ROOT = Path(__file__).resolve().parents[1]
 # policy modules still in the older style (a Param tuple plus an __init__ that repeats its
 # defaults and calls reset(None)); converted at merge, then this set is empty
-OLD_STYLE = {"elastic.py"}
+OLD_STYLE: set[str] = set()
 
 
 @dataclass(frozen=True)
