@@ -1,9 +1,12 @@
 """The parts of the SimPy driver every other part uses: its state, timers and event queue.
 
 :class:`DriverCore` holds what the trajectory lifecycle (:mod:`.lifecycle`), the roles and
-engines (:mod:`.roles`), the trainer and weight sync (:mod:`.training`) and the recording
-(:mod:`.recording`) share; :class:`~rlsched.sim.driver.SimDriver` combines them. They are
-split by job, not by layer: each module's methods call the others' through ``self``.
+engines (:mod:`.roles`) and the trainer and weight sync (:mod:`.training`) share;
+:class:`~rlsched.sim.driver.SimDriver` combines them. They are split by job, not by
+layer: each module's methods call the others' through ``self``. The policy event queue,
+the pump and the trainer queue are the driver loop's (``self.loop``,
+:mod:`rlsched.cluster.loop`); the per-turn code reads the loop's event FIFO as
+``self._events`` and pumps only when it holds something.
 
 Timers (:mod:`.timers`) are plain objects pushed onto the environment's event queue
 (:class:`~.timers.SimEnvironment`, whose public ``heap`` SimPy's ``schedule`` and ``step``
