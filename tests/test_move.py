@@ -282,11 +282,12 @@ def test_legal_moves_pass():
 
 
 def test_the_live_driver_refuses_move_in_one_line():
+    from rlsched.real.live_backend import LiveBackend
     from rlsched.real.live_driver import LiveDriver
 
-    driver = object.__new__(LiveDriver)  # (_apply of Move touches no driver state)
+    backend = LiveBackend(object.__new__(LiveDriver))  # (move touches no driver state)
     with pytest.raises(PolicyError, match=r"^Move: the live driver cannot move trajectories") as err:
-        driver._apply(Move(("A",), 0))
+        backend.move(("A",), 0)
     assert "\n" not in str(err.value)
 
 
