@@ -4,7 +4,7 @@ Both drivers execute the same commands with the same meaning; only their timing 
 (the simulator's cost model predicts it, calibration measures it). An illegal command (a
 GPU in two roles, training an unfinished trajectory, exceeding the policy's staleness
 bound) is rejected with :class:`~rlsched.cluster.errors.PolicyError` by
-:func:`rlsched.cluster.state.ClusterState.check` before anything changes.
+:func:`rlsched.cluster.legality.check` before anything changes.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Both drivers keep their cluster state in a :class:`ClusterState` and hand it to the policy
 as its :class:`~rlsched.cluster.view.ClusterView`. Keeping it here, below both drivers,
 means the lifecycle is written once and the drivers only add *timing*; the legality rules
-are a pure function of the view (:mod:`.legality`), which :meth:`ClusterState.check` calls.
+are a pure function of the view (:func:`.legality.check`), called by the driver loop.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from .commands import Command
 from .errors import InvariantViolation, PolicyError
 from .ids import EngineId, GpuId, Role, TaskId, TrajectoryId, TrajStatus
 from .legality import DISPATCHABLE as _DISPATCHABLE
-from .legality import NO_ENGINE, check
+from .legality import NO_ENGINE
 from .view import EngineInfo, RolloutTotals, TrainerInfo, TrajectoryInfo
 
 _LOAD = attrgetter("load")
@@ -515,7 +514,3 @@ class ClusterState:
             return self.trajs[trajectory].min_version
         except KeyError:
             raise PolicyError(f"unknown trajectory {trajectory!r}") from None
-
-    def check(self, cmd: Command) -> None:
-        """Raise PolicyError if ``cmd`` is illegal now (:func:`.legality.check` on this view)."""
-        check(self, cmd)

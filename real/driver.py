@@ -29,6 +29,7 @@ from typing import Any
 import pandas as pd
 
 from rlsched.cluster.errors import ConfigError, LiveBackendError
+from rlsched.cluster.loop import RunMeta
 from rlsched.cluster.policy import Policy
 
 _NEEDED = ("torch", "ray", "vllm", "megatron", "safetensors", "tokenizers", "jinja2")
@@ -397,38 +398,40 @@ class _Run:
             resumes.append({"from_version": r.version, "at_seconds": r.time, "rerun": self.rerun})
         from .sandbox import sandbox_meta
 
-        meta = {
-            "driver": "live",
-            "policy": self.canonical,
-            "spec_as_given": self.spec,
-            "policy_name": self.policy.name,
-            "num_gpus": self.gpus,
-            "tp": self.tp,
-            "num_steps": self.num_steps,
-            "steps_done": self.base + self.state.version,
-            "complete": complete,
-            "makespan_seconds": makespan,
-            "lower_bound_seconds": None,
-            "max_staleness_bound": self.policy.max_staleness,
-            "seed": self.seed,
-            "config": {**self.config["run"], "gpus": self.gpus, "tp": self.tp},  # the cluster that ran
-            "live": self.config["live"],
-            "model_dir": str(self.model_dir) if self.model_dir else None,
-            "slots_on_gpus": bool(self.cluster.gpus) if self.cluster else False,
-            "ray_start_seconds": self.cluster.start_seconds if self.cluster else None,
-            "trace": str(trace_path.name) if trace_path else None,
-            "wall_seconds": wall + float(prior.get("wall_seconds") or 0.0),
-            "events_processed": driver.events_processed + int(prior.get("events_processed") or 0),
-            "measurements": _merge_measurements(prior.get("measurements") or {}, _measurements(driver)),
-            "resumes": resumes,
-            "sandbox_slots": min(self.run.sandbox_slots, self.settings.env_workers),  # tool calls at once, live
-            "sandbox": (sandbox_meta(self.settings.isolation, accept_weak=self.settings.accept_weak_sandbox)
-                        if self.settings.env in ("coding", "lookup") else None),  # the tools' sandbox on this host
-            "logging": self.config.get("logging"),
-            **({"faults": driver.faults.close(), "fault_schedule": self.run.faults.to_dict()}
-               if driver.faults is not None else {}),
-            "error": (str(error).splitlines() or [type(error).__name__])[0][:300] if error else None,
-        }
+        meta = RunMeta(
+            driver="live",
+            policy=self.canonical,
+            policy_name=self.policy.name,
+            num_gpus=self.gpus,
+            tp=self.tp,
+            num_steps=self.num_steps,
+            steps_done=self.base + self.state.version,
+            complete=complete,
+            makespan_seconds=makespan,
+            lower_bound_seconds=None,
+            max_staleness_bound=self.policy.max_staleness,
+            seed=self.seed,
+            config={**self.config["run"], "gpus": self.gpus, "tp": self.tp},  # the cluster that ran
+            events_processed=driver.events_processed + int(prior.get("events_processed") or 0),
+            faults=driver.faults.close() if driver.faults is not None else None,
+            fault_schedule=self.run.faults.to_dict() if driver.faults is not None else None,
+            driver_fields={
+                "spec_as_given": self.spec,
+                "live": self.config["live"],
+                "model_dir": str(self.model_dir) if self.model_dir else None,
+                "slots_on_gpus": bool(self.cluster.gpus) if self.cluster else False,
+                "ray_start_seconds": self.cluster.start_seconds if self.cluster else None,
+                "trace": str(trace_path.name) if trace_path else None,
+                "wall_seconds": wall + float(prior.get("wall_seconds") or 0.0),
+                "measurements": _merge_measurements(prior.get("measurements") or {}, _measurements(driver)),
+                "resumes": resumes,
+                "sandbox_slots": min(self.run.sandbox_slots, self.settings.env_workers),  # tool calls at once, live
+                "sandbox": (sandbox_meta(self.settings.isolation, accept_weak=self.settings.accept_weak_sandbox)
+                            if self.settings.env in ("coding", "lookup") else None),  # the tools' sandbox on this host
+                "logging": self.config.get("logging"),
+            },
+            extra={"error": (str(error).splitlines() or [type(error).__name__])[0][:300] if error else None},
+        ).to_dict()
         driver.rec.write(folder, trajs, steps, meta)
 
 

@@ -1,16 +1,17 @@
 """The live driver's event loop: the policy's commands executed on real workers.
 
-Same contract as the simulator (``rlsched.cluster``): the cluster state is a
-:class:`~rlsched.cluster.state.ClusterState`, events are delivered one at a time and the
-commands they return are checked by ``ClusterState.check`` and applied before the next
-event. Time is wall-clock seconds since the run started.
+Same contract as the simulator, and the same code for its meaning: the driver loop
+(``rlsched.cluster.loop``) delivers events one at a time, checks each command
+(``legality.check``), records it and applies it before the next event, and keeps the
+trainer queue and the step rows; this driver is its backend (``live_backend``). Time is
+wall-clock seconds since the run started.
 
 Everything that blocks -- engine calls (Ray futures), environment calls and trainer
 operations (worker threads), actor starts -- completes into one queue that the loop
 drains in arrival order; the loop thread is the only one that touches the state, so
 there are no locks. The work is split by side: ``live_rollout`` (engines, turns, tools),
 ``live_roles`` (role changes: draining engines, resizing the trainer), ``live_training``
-(micro-batches, optimizer steps, weight sync); this module is the loop that ties them.
+(trainer jobs on the lane, weight sync); this module is the event loop that ties them.
 
 A resumed run (``checkpoint.py``) is, to this loop and to the policy, a fresh run of the
 remaining steps: versions and steps count from 0, ``base`` is the checkpoint's version
@@ -36,41 +37,22 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from rlsched.cluster.commands import (
-    Command,
-    Dispatch,
-    Drop,
-    Interrupt,
-    Move,
-    OptimizerStep,
-    Reassign,
-    SetTimer,
-    SyncWeights,
-    Train,
-    TrainMicroBatch,
-)
 from rlsched.cluster.errors import LiveBackendError, PolicyError, RlschedError
-from rlsched.cluster.events import (
-    Event,
-    RunStarted,
-    TimerFired,
-    ToolTimedOut,
-    TrainStepFinished,
-    TrajectoryFinished,
-)
+from rlsched.cluster.events import Event, RunStarted, TimerFired, ToolTimedOut, TrajectoryFinished
 from rlsched.cluster.ids import TrajStatus
+from rlsched.cluster.loop import DriverLoop
 from rlsched.cluster.state import ClusterState
 
 from .agent_loop import AgentTrajectory, Codec
 from .engine import EngineSettings, engine_actor_class
 from .env import StepResult
+from .live_backend import LiveBackend
 from .live_config import LiveSettings
 from .live_faults import LiveFaults
 from .live_record import GpuTimeline
 from .live_recorder import MemoryRecorder
 from .live_roles import Roles
 from .live_rollout import Rollout
-from .live_trace import describe_command, describe_event
 from .live_trainer import TrainerLane
 from .live_training import Training
 from .ray_cluster import SlotCluster
@@ -92,8 +74,10 @@ class LiveDriver:
         self.rollout = Rollout(self)
         self.roles = Roles(self)
         self.training = Training(self)
+        # the contract's meaning (pump, commands, trainer queue, records): rlsched.cluster.loop
+        self.loop = DriverLoop(state, policy, LiveBackend(self), recorder, version_base=base,
+                               progress=progress, step_recorded=on_step)
         self.actor_cls = engine_actor_class()
-        self._events: deque[Event] = deque()
         self._done_q: queue.Queue = queue.Queue()
         self._inflight = 0
         self._timers: list[tuple[float, int, str]] = []
@@ -108,7 +92,7 @@ class LiveDriver:
         self._stopping = threading.Event()  # ends a hung tool call's wait at shutdown
         self._misc_pool = ThreadPoolExecutor(8, thread_name_prefix="rlsched-live")
         self.stats: dict[str, list] = {"engine_start": [], "sync": [], "switch": [], "trainer": [], "micro_batch": [], "optimizer": []}
-        self.events_processed = 0
+        self._completions = 0  # worker completions handled by the loop thread
         self.tokens_generated = 0
         self.engine_busy_seconds = 0.0
         self.engine_iterations = 0  # vLLM iterations, all engines
@@ -118,7 +102,11 @@ class LiveDriver:
 
     @property
     def steps(self) -> list[dict]:
-        return self.training.steps
+        return self.loop.trainer.steps
+
+    @property
+    def events_processed(self) -> int:
+        return self._completions + self.loop.pumped
 
     @property
     def trained_tokens(self) -> dict[str, int]:
@@ -133,14 +121,14 @@ class LiveDriver:
         self._t0 = time.monotonic()
         self.policy.reset(self.st, random.Random(self.seed))
         self.emit(RunStarted())
-        self._pump()
+        self.loop.pump()
         deadline = self.t_offset + self.settings.max_wall_s  # per process: a resume gets its own
         try:
             while self.st.version < self.st.num_steps:
                 if self.now() > deadline:
                     self.rec.event(self.now(), "Note", detail=f"stopped at max_wall_s={self.settings.max_wall_s:g}")
                     return False
-                if not self._inflight and not self._timers and not self._events:
+                if not self._inflight and not self._timers and not self.loop.events:
                     raise PolicyError(
                         f"policy {self.policy.name} stalled at t={self.now():.1f}s: nothing is running "
                         f"and only {self.base + self.st.version} of {self.base + self.st.num_steps} steps are done"
@@ -156,9 +144,9 @@ class LiveDriver:
                 self._fire_timers()
                 if cb is not None:
                     self._inflight -= 1
-                    self.events_processed += 1
+                    self._completions += 1
                     cb(_result(fut))
-                self._pump()
+                self.loop.pump()
         except KeyboardInterrupt:
             return False
         return True
@@ -193,59 +181,12 @@ class LiveDriver:
         fut.add_done_callback(lambda f: self._done_q.put((on_done, _Catch(f))))
 
     def emit(self, ev: Event) -> None:
-        self._events.append(ev)
+        self.loop.emit(ev)
 
-    def _pump(self) -> None:
-        st = self.st
-        st.advance(self.now())
-        while self._events:
-            ev = self._events.popleft()
-            self.events_processed += 1
-            if isinstance(ev, ToolTimedOut):  # recorded as the simulator records it (sim/recording.py)
-                self.rec.event(self.now(), "ToolTimedOut", step=st.trajs[ev.trajectory].step,
-                               trajectory=ev.trajectory, detail=f"{ev.seconds:g}s")
-            else:
-                describe_event(self.rec, self.now(), ev, st)
-            if isinstance(ev, TrainStepFinished) and self.on_step is not None:
-                self.on_step()  # the step is recorded and its weights saved: make it durable
-            for cmd in self.policy.on_event(ev, st):
-                st.check(cmd)
-                describe_command(self.rec, self.now(), cmd, st)
-                self._apply(cmd)
-
-    # =========================================================== commands
-    def _apply(self, cmd: Command) -> None:
-        match cmd:
-            case Dispatch(trajectories=tids, engine=e):
-                for tid in tids:
-                    self.rollout.dispatch(tid, e if e is not None else self.st.least_loaded())
-            case Reassign(gpus=gpus, role=role, drain=drain):
-                self.roles.reassign(gpus, role, drain)
-            case TrainMicroBatch(trajectories=tids):
-                self.training.queue_micro_batch(tids)
-                self.training.next_job()
-            case Train(trajectories=tids):
-                self.training.queue_micro_batch(tids)
-                self.training.queue_optimizer_step()
-                self.training.next_job()
-            case OptimizerStep():
-                self.training.queue_optimizer_step()
-                self.training.next_job()
-            case SyncWeights(engines=es):
-                self.training.sync(tuple(es) if es is not None else self.st.engines())
-            case Interrupt(trajectories=tids, keep_progress=keep):
-                for tid in tids:
-                    self.rollout.interrupt(tid, keep)
-            case Move():
-                raise PolicyError("Move: the live driver cannot move trajectories between engines yet "
-                                  "(simulator only; see issue 23)")
-            case Drop(trajectories=tids):
-                for tid in tids:
-                    self.close_traj_env(tid)
-                self.st.mark_dropped(tids)
-            case SetTimer(at=at, tag=tag):
-                self._seq += 1
-                heapq.heappush(self._timers, (at, self._seq, tag))
+    def set_timer(self, at: float, tag: str) -> None:
+        """``SetTimer``: ``TimerFired(tag)`` once the clock passes ``at`` (see ``_fire_timers``)."""
+        self._seq += 1
+        heapq.heappush(self._timers, (at, self._seq, tag))
 
     def finish(self, tid: str, status: TrajStatus, e: int, note: str = "") -> None:
         self.st.mark_finished(tid, status)

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from rlsched.cluster.events import RolesChanged, WorkerFailed, WorkerRecovered
 from rlsched.cluster.ids import Drain, GpuState, Role, TrajStatus
+from rlsched.cluster.record import ids_text
 from rlsched.cluster.state import EngineState
 
 from .live_rollout import EngineHandle
-from .live_trace import ids_text
 from .ray_cluster import slots_options, wait_ready
 
 if TYPE_CHECKING:

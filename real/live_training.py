@@ -14,13 +14,13 @@ Everything here runs on the driver's event-loop thread (see ``live_driver.py``).
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING
 
-from rlsched.cluster.events import MicroBatchFinished, TrainStepFinished, WeightsSynced
+from rlsched.cluster.events import WeightsSynced
 from rlsched.cluster.ids import GpuState, Role
+from rlsched.cluster.loop.trainer_queue import MicroBatchJob, TrainerJob
+from rlsched.cluster.record import ids_text
 
-from .live_trace import ids_text
 from .samples import micro_batch_samples
 
 if TYPE_CHECKING:
@@ -28,86 +28,63 @@ if TYPE_CHECKING:
 
 
 class Training:
+    """The live backend's trainer half: runs the driver loop's trainer jobs on the lane
+    (the queue, the accumulation and the step rows are the loop's ``TrainerQueue``)."""
+
     def __init__(self, host: LiveDriver) -> None:
         self.h = host
-        self._jobs: deque[tuple[str, tuple[str, ...]]] = deque()
-        self.job_running = False
-        self._accumulated: list[str] = []
-        self._step_seconds = 0.0
-        self.steps: list[dict] = []  # one row per optimizer step (live_record.STEP_COLUMNS)
-        self.trained_tokens: dict[str, int] = {}
+        self.trained_tokens: dict[str, int] = {}  # tokens each trajectory's samples train
+        self._published: dict | None = None  # the lane's report of the last optimizer step
 
-    # ------------------------------------------------------------------- jobs
-    def queue_micro_batch(self, tids: tuple[str, ...]) -> None:
-        for tid in tids:
-            self.h.st.trajs[tid].in_micro_batch = True
-        self._jobs.append(("micro", tuple(tids)))
-        self.h.st.queued_micro_batches += 1
+    @property
+    def steps(self) -> list[dict]:
+        return self.h.loop.trainer.steps  # one row per optimizer step (live_record.STEP_COLUMNS)
 
-    def queue_optimizer_step(self) -> None:
-        self._jobs.append(("optimizer", ()))
-        self.h.st.queued_optimizer_steps += 1
+    @property
+    def job_running(self) -> bool:
+        return self.h.loop.trainer.running is not None
 
     def next_job(self) -> None:
+        self.h.loop.trainer.next()
+
+    # ------------------------------------------------------------------- jobs
+    def ready(self) -> bool:
+        """A job may start: no membership change in flight and the trainer holds a GPU."""
+        return not self.h.roles.lane_ops and bool(self.h.st.gpus_in(Role.TRAIN))
+
+    def start_job(self, job: TrainerJob) -> None:
         h = self.h
         st = h.st
-        if self.job_running or not self._jobs or h.roles.lane_ops or not st.gpus_in(Role.TRAIN):
-            return
-        kind, tids = self._jobs.popleft()
-        self.job_running = True
-        st.trainer_busy = True
         gpus = st.gpus_in(Role.TRAIN)
         h.timeline.set(gpus, GpuState.TRAIN, h.now(), step=st.version)
-        if kind == "micro":
-            st.queued_micro_batches -= 1
-            samples, tokens = micro_batch_samples(h.trajs, st, tids)
+        if isinstance(job, MicroBatchJob):
+            samples, tokens = micro_batch_samples(h.trajs, st, job.trajectories)
             self.trained_tokens.update(tokens)
-            h.submit(h.lane.micro_batch(samples), lambda r: self._job_done(kind, tids, gpus, r))
+            h.submit(h.lane.micro_batch(samples), lambda r: self._job_done(job, gpus, r))
         else:
-            h.submit(h.lane.optimizer_step(), lambda r: self._job_done(kind, tids, gpus, r))
+            h.submit(h.lane.optimizer_step(), lambda r: self._job_done(job, gpus, r))
 
-    def _job_done(self, kind: str, tids: tuple[str, ...], gpus: tuple[int, ...], r: dict) -> None:
-        h = self.h
-        st, now = h.st, h.now()
-        self.job_running = False
-        st.trainer_busy = False
-        self._step_seconds += r["seconds"]
-        h.timeline.set([g for g in gpus if st.roles[g] is Role.TRAIN], GpuState.TRAIN_IDLE, now)
-        if kind == "micro":
-            h.stats["micro_batch"].append(r)
-            self._accumulated.extend(tids)
-            st.accumulated = self._accumulated
-            h.emit(MicroBatchFinished(tids))
-        else:
-            self._step_done(r, now)
-        h.roles.release_leaving()
-        self.next_job()
-
-    def _step_done(self, r: dict, now: float) -> None:
+    def _job_done(self, job: TrainerJob, gpus: tuple[int, ...], r: dict) -> None:
         h = self.h
         st = h.st
-        h.stats["optimizer"].append(r)
-        trained = self._accumulated
-        st.queued_optimizer_steps -= 1
-        st.mark_trained(trained, st.version)
+        h.timeline.set([g for g in gpus if st.roles[g] is Role.TRAIN], GpuState.TRAIN_IDLE, h.now())
+        if isinstance(job, MicroBatchJob):
+            h.stats["micro_batch"].append(r)
+        else:
+            h.stats["optimizer"].append(r)
+            self._published = r
+        h.loop.trainer.job_finished(job, r["seconds"])
+
+    def step_finished(self, trained: list[str]) -> None:
+        """The step is counted: its trajectories' environments can go, and the weights the
+        lane published with it are recorded."""
+        h = self.h
         for tid in trained:
             h.close_traj_env(tid)
-        stale = max((st.version - st.trajs[t].min_version for t in trained if st.trajs[t].min_version >= 0),
-                    default=0)
-        self.steps.append({
-            "version": h.base + st.version + 1, "time": now, "trajectories": len(trained),
-            "trained_tokens": int(sum(self.trained_tokens.get(t, 0) for t in trained)),
-            "train_seconds": self._step_seconds, "max_staleness": int(stale),
-        })
-        self._step_seconds = 0.0
-        self._accumulated = []
-        st.accumulated = self._accumulated
-        st.version += 1
-        h.rec.event(now, "WeightsPublished", version=st.version,
+        r = self._published
+        assert r is not None  # (set by the optimizer job that ended this step)
+        h.rec.event(h.now(), "WeightsPublished", version=h.st.version,
                     detail=f"{r['nbytes']} bytes, export {r['export_seconds']:.3f}s")
-        h.emit(TrainStepFinished(st.version))
-        if h.progress is not None:
-            h.progress(h.base + st.version, h.base + st.num_steps, now)
 
     # ------------------------------------------------------------------- sync
     def sync(self, engines: tuple[int, ...]) -> None:

@@ -6,7 +6,7 @@ every way it breaks the contract:
 
 * it declares ``name``, ``params`` (each a :class:`~rlsched.cluster.policy.Param` whose
   default parses), ``max_staleness`` and ``defers``, and can be built from defaults;
-* every command it issues is legal (``ClusterState.check``: no GPU in two roles, no
+* every command it issues is legal (``legality.check``: no GPU in two roles, no
   training of unfinished trajectories, staleness within its own bound, ...);
 * it finishes every step of every scenario (never stalls) and loses no trajectory;
 * the run's invariants hold (``--check``) and it never beats its own lower bound;

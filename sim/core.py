@@ -1,9 +1,12 @@
 """The parts of the SimPy driver every other part uses: its state, timers and event queue.
 
 :class:`DriverCore` holds what the trajectory lifecycle (:mod:`.lifecycle`), the roles and
-engines (:mod:`.roles`), the trainer and weight sync (:mod:`.training`) and the recording
-(:mod:`.recording`) share; :class:`~rlsched.sim.driver.SimDriver` combines them. They are
-split by job, not by layer: each module's methods call the others' through ``self``.
+engines (:mod:`.roles`) and the trainer and weight sync (:mod:`.training`) share;
+:class:`~rlsched.sim.driver.SimDriver` combines them. They are split by job, not by
+layer: each module's methods call the others' through ``self``. The policy event queue,
+the pump and the trainer queue are the driver loop's (``self.loop``,
+:mod:`rlsched.cluster.loop`); the per-turn code reads the loop's event FIFO as
+``self._events`` and pumps only when it holds something.
 
 Timers (:mod:`.timers`) are plain objects pushed onto the environment's event queue
 (:class:`~.timers.SimEnvironment`, whose public ``heap`` SimPy's ``schedule`` and ``step``
@@ -29,10 +32,12 @@ from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import InvariantViolation
 from rlsched.cluster.events import Event
 from rlsched.cluster.faults import FaultSchedule
+from rlsched.cluster.loop import DriverLoop
 from rlsched.cluster.policy import Policy
 from rlsched.cluster.record import RunRecorder
 from rlsched.cluster.state import ClusterState
 
+from .backend import SimBackend
 from .cost import CostModel
 from .engine import EngineSim, KvPool
 from .gpus import GpuStates
@@ -97,7 +102,6 @@ class DriverCore:
         self.cfg = config
         self.cost = cost
         self.rec = recorder
-        self.progress = progress
         self.env = SimEnvironment()
         index = workload.index
         self.state = ClusterState(
@@ -139,11 +143,8 @@ class DriverCore:
         self.seq_wait: dict[EngineSim, deque] = {}
         self.sandbox_free = config.sandbox_slots
         self.sandbox_queue: deque[SimTraj] = deque()
-        self._events: deque[Event] = deque()
-        self._pumping = False
-        self.events_processed = 0
+        self.events_processed = 0  # timers fired (the loop counts the policy events it pumps)
         self._done = self.env.event()
-        self._steps: list[dict] = []
         self._switch_groups: dict[int, list] = {}
         self._group_seq = 0
         self._charge = charge or self._full_context_flops
@@ -159,6 +160,11 @@ class DriverCore:
         self._queue, self._eid = self.env.heap, self.env.ids  # (see .timers)
         self._switch_gid: dict[int, int] = {}  # GPU -> switch group it is switching with
         self.fault = FaultState(faults)  # see .faults
+        # the contract's meaning (pump, commands, trainer queue, records): rlsched.cluster.loop;
+        # its event FIFO is read here directly by the per-turn code (.turns: ``if d._events``)
+        self.loop = DriverLoop(self.state, policy, SimBackend(self), recorder, progress=progress,  # type: ignore[arg-type]
+                               before_event=self._check_invariants if config.check else None)
+        self._events: deque[Event] = self.loop.events
 
     def kv_pool_total(self) -> int:
         return self.kv_pool.total
@@ -257,24 +263,10 @@ class DriverCore:
         self._events.append(ev)
 
     def _pump(self) -> None:
-        if self._pumping:
-            return
-        self._pumping = True
-        try:
-            st = self.state
-            st.advance(self.now)
-            policy, check, record, apply = self.policy, st.check, self._record_command, self._apply
-            check_totals = self.cfg.check
-            while self._events:
-                ev = self._events.popleft()
-                self.events_processed += 1
-                if check_totals:  # (--check: the O(1) engine sums policies read are right)
-                    st.check_totals()
-                    self._check_kv()
-                self._record_event(ev)
-                for cmd in policy.on_event(ev, st):
-                    check(cmd)
-                    record(cmd)
-                    apply(cmd)
-        finally:
-            self._pumping = False
+        self.loop.pump()
+
+    def _check_invariants(self) -> None:
+        """(--check, before each policy event) The O(1) engine sums policies read are
+        right and no engine holds more KV than it has."""
+        self.state.check_totals()
+        self._check_kv()

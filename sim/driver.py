@@ -2,16 +2,18 @@
 
 The driver owns *timing* only. Roles, lifecycles and the legality of commands live in
 :class:`~rlsched.cluster.state.ClusterState` (shared with the live driver); engines are
-shared-rate decode servers (:mod:`.engine`); the trainer is a FIFO of jobs
-(:mod:`.trainer`). SimPy schedules everything with timers whose callbacks mutate the
+shared-rate decode servers (:mod:`.engine`); the trainer runs the loop's jobs on the
+GPUs in role TRAIN (:mod:`.trainer`). SimPy schedules everything with timers whose callbacks mutate the
 state and then deliver the resulting events to the policy, one at a time, in order.
 Runs are deterministic: no wall clock, no global RNG, ties broken by insertion order.
 
 :class:`SimDriver` is assembled from one module per job: shared state and timers
 (:mod:`.core`), the trajectory lifecycle (:mod:`.lifecycle`), roles and engines
-(:mod:`.roles`), the trainer and weight sync (:mod:`.training`), the run record
-(:mod:`.recording`) and fault injection (:mod:`.faults`). This module adds running the
-simulation and applying commands.
+(:mod:`.roles`), the trainer and weight sync (:mod:`.training`) and fault injection
+(:mod:`.faults`). What commands mean -- the policy pump, command dispatch, the trainer
+queue and the run record's policy rows -- is the driver loop's
+(:mod:`rlsched.cluster.loop`), which reaches the simulator through :class:`.backend.SimBackend`.
+This module adds running the simulation.
 """
 
 from __future__ import annotations
@@ -21,19 +23,6 @@ import random
 import time as wallclock
 from dataclasses import dataclass, field
 
-from rlsched.cluster.commands import (
-    Command,
-    Dispatch,
-    Drop,
-    Interrupt,
-    Move,
-    OptimizerStep,
-    Reassign,
-    SetTimer,
-    SyncWeights,
-    Train,
-    TrainMicroBatch,
-)
 from rlsched.cluster.errors import PolicyError
 from rlsched.cluster.events import RunStarted, TimerFired
 from rlsched.cluster.state import ClusterState
@@ -42,7 +31,6 @@ from .core import Progress
 from .faults import FaultMixin
 from .lifecycle import Lifecycle
 from .memory import below_floor
-from .recording import Recording
 from .roles import Roles
 from .training import Training
 from .traj import SimTraj
@@ -63,7 +51,7 @@ class SimResult:
     faults: dict[str, float] = field(default_factory=dict)  # see sim.core.STAT_KEYS
 
 
-class SimDriver(Lifecycle, Roles, Training, Recording, FaultMixin):
+class SimDriver(Lifecycle, Roles, Training, FaultMixin):
     """One simulated run of one policy (construct, then :meth:`run` once)."""
 
     def run(self) -> SimResult:
@@ -102,41 +90,10 @@ class SimDriver(Lifecycle, Roles, Training, Recording, FaultMixin):
         now = self.env.now
         self.gpus.close_all(now)
         return SimResult(
-            self.state, now, complete, self.events_processed,
-            wallclock.perf_counter() - t0, self.trajs, self._steps, dict(self.gpus.busy_seconds),
+            self.state, now, complete, self.events_processed + self.loop.pumped,
+            wallclock.perf_counter() - t0, self.trajs, self.loop.trainer.steps, dict(self.gpus.busy_seconds),
             self._close_faults(),
         )
-
-    def _apply(self, cmd: Command) -> None:
-        match cmd:
-            case Dispatch(trajectories=tids, engine=e):
-                self._dispatch_all(tids, e)
-            case Reassign(gpus=gpus, role=role, drain=drain):
-                self._reassign(gpus, role, drain)
-            case TrainMicroBatch(trajectories=tids):
-                self._queue_micro_batch(tids)
-                self._trainer_next()
-            case Train(trajectories=tids):
-                self._queue_micro_batch(tids)
-                self._queue_optimizer_step()
-                self._trainer_next()
-            case OptimizerStep():
-                self._queue_optimizer_step()
-                self._trainer_next()
-            case SyncWeights(engines=es):
-                self._sync(es if es is not None else self.state.engines())
-            case Interrupt(trajectories=tids, keep_progress=keep):
-                for tid in tids:
-                    self._interrupt(self.trajs[tid], keep)
-            case Move(trajectories=tids, engine=e):
-                self._move_all(tids, e)
-            case Drop(trajectories=tids):
-                for tid in tids:
-                    t = self.trajs[tid]
-                    t.wasted += t.output_kept
-                self.state.mark_dropped(tids)
-            case SetTimer(at=at, tag=tag):
-                self._later(at - self.now, self._timer_fired, tag)
 
     def _timer_fired(self, tag: str, _unused: None) -> None:
         self._emit(TimerFired(tag))

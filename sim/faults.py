@@ -29,7 +29,6 @@ from rlsched.cluster.ids import GpuState, Role
 
 from .core import DriverCore
 from .engine import EngineSim
-from .trainer import MicroBatchJob
 from .traj import SimTraj
 
 #: Faults that may fire in a row while no turn and no optimizer step finishes anywhere.
@@ -225,28 +224,20 @@ class FaultMixin(DriverCore):
         running job (in order, ahead of queued work), then restart the trainer after
         ``restart_s``. Returns the trainer GPU-seconds lost."""
         tr = self.trainer
-        st = self.state
         now = self.now
         lost = 0.0
-        requeue: list = [job for job, _, _ in tr.done_jobs]
+        done = [job for job, _, _ in tr.done_jobs]
         lost += sum(secs * n for _, secs, n in tr.done_jobs)
-        if tr.running is not None:
-            job = tr.running
+        running_seconds = None
+        if self.loop.trainer.running is not None:
             lost += (now - tr.run_started) * len(tr.run_gpus)
             still = tuple(g for g in tr.run_gpus if g in tr.gpus)
             if still:
                 self.gpus.set(still, GpuState.TRAIN_IDLE, now)
-            tr.running = None
-            tr.run_token += 1
-            st.trainer_busy = False
-            requeue.append(job)
-            if isinstance(job, MicroBatchJob):
-                st.queued_micro_batches += 1
-        st.queued_micro_batches += len(tr.done_jobs)
-        tr.jobs.extendleft(reversed(requeue))
+            tr.run_token += 1  # its completion, still scheduled, is ignored
+            running_seconds = tr.run_seconds
+        self.loop.trainer.requeue(running_seconds, done)
         tr.done_jobs = []
-        tr.accumulated = []
-        st.accumulated = tr.accumulated
         self._release_leaving()  # GPUs that waited for the job to end leave now
         sched = self.fault.schedule
         restart = sched.restart_s if sched else 0.0
@@ -257,7 +248,7 @@ class FaultMixin(DriverCore):
         return lost
 
     def _trainer_restarted(self, _a: None, _b: None) -> None:
-        self._trainer_next()
+        self.loop.trainer.next()
 
     # ------------------------------------------------------------ tool hangs
     def _hang(self, t: SimTraj, seconds: float) -> float:

@@ -7,7 +7,7 @@
 * token conservation: every generated token is either kept in its trajectory or counted
   as wasted;
 * monotone time (enforced by ``ClusterState.advance``) and staleness within the policy's
-  bound (enforced by ``ClusterState.check`` and re-checked here on the result).
+  bound (enforced by ``legality.check`` and re-checked here on the result).
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class Roles(DriverCore):
         for g in gpus:
             if st.roles[g] is Role.ROLLOUT:
                 by_engine.setdefault(st.engine_of(g), []).append(g)
-            elif st.roles[g] is Role.TRAIN and self.trainer.running is not None:
+            elif st.roles[g] is Role.TRAIN and self.loop.trainer.running is not None:
                 self.trainer.leaving[g] = (gid, role)
             else:
                 direct.append(g)
@@ -167,7 +167,7 @@ class Roles(DriverCore):
         return secs
 
     def _kick_trainer(self, _a: object, _b: object) -> None:
-        self._trainer_next()
+        self.loop.trainer.next()
 
     def _end_switch(self, gpus: tuple[int, ...], group: tuple[int, Role, int]) -> None:
         gid, role, version = group
@@ -203,7 +203,7 @@ class Roles(DriverCore):
             del self._switch_groups[gid]
             self._emit(RolesChanged(tuple(grp[1]), grp[2]))
         if role is Role.TRAIN:
-            self._trainer_next()
+            self.loop.trainer.next()
 
     def _switching_to(self, g: int) -> Role | None:
         """The role GPU ``g`` is switching to (None: it is not switching)."""

@@ -13,6 +13,8 @@ import pandas as pd
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.faults import FaultSchedule
 from rlsched.cluster.ids import TrajStatus
+from rlsched.cluster.loop import RunMeta
+from rlsched.cluster.loop.trainer_queue import STEP_COLUMNS
 from rlsched.cluster.policy import Policy
 from rlsched.cluster.record import RunRecorder
 
@@ -86,26 +88,27 @@ def simulate(
     if recorder is not None:
         recorder.close(
             trajectory_table(result, workload),
-            pd.DataFrame(result.steps, columns=["version", "time", "trajectories", "trained_tokens", "train_seconds", "max_staleness"]),
-            {
-                "driver": "sim",
-                "policy": spec or policy.name,
-                "policy_name": policy.name,
-                "num_gpus": config.gpus,
-                "tp": config.tp,
-                "num_steps": len(batches),
-                "steps_done": result.state.version,
-                "complete": result.complete,
-                "makespan_seconds": result.makespan,
-                "lower_bound_seconds": bound,
-                "max_staleness_bound": policy.max_staleness,
-                "seed": config.seed,
-                "config": _config_dict(config),
-                "cost_model": cost.to_dict(),
-                "events_processed": result.events_processed,
-                **({"faults": result.faults, "fault_schedule": schedule.to_dict()} if schedule else {}),
-                **(meta or {}),
-            },
+            pd.DataFrame(result.steps, columns=list(STEP_COLUMNS)),
+            RunMeta(
+                driver="sim",
+                policy=spec or policy.name,
+                policy_name=policy.name,
+                num_gpus=config.gpus,
+                tp=config.tp,
+                num_steps=len(batches),
+                steps_done=result.state.version,
+                complete=result.complete,
+                makespan_seconds=result.makespan,
+                lower_bound_seconds=bound,
+                max_staleness_bound=policy.max_staleness,
+                seed=config.seed,
+                config=_config_dict(config),
+                events_processed=result.events_processed,
+                faults=result.faults if schedule else None,
+                fault_schedule=schedule.to_dict() if schedule else None,
+                driver_fields={"cost_model": cost.to_dict()},
+                extra=meta or {},
+            ).to_dict(),
         )
     return SimOutcome(result, bound, out_dir)
 

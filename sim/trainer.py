@@ -1,38 +1,27 @@
-"""The simulated trainer: a FIFO of micro-batches and optimizer steps over the GPUs in
-role TRAIN. Its data-parallel width is read when a job starts and cannot change while it
-runs (GPUs asked to leave wait for the job to end)."""
+"""The simulated trainer: the GPUs in role TRAIN that run the driver loop's jobs (the
+FIFO of micro-batches and optimizer steps is :mod:`rlsched.cluster.loop.trainer_queue`).
+Its data-parallel width is read when a job starts and cannot change while it runs (GPUs
+asked to leave wait for the job to end)."""
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
-
-@dataclass(frozen=True, slots=True)
-class MicroBatchJob:
-    trajectories: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class OptimizerJob:
-    pass
+from rlsched.cluster.loop.trainer_queue import MicroBatchJob
 
 
 @dataclass(slots=True)
 class TrainerSim:
-    jobs: deque[MicroBatchJob | OptimizerJob] = field(default_factory=deque)
-    running: MicroBatchJob | OptimizerJob | None = None
     gpus: list[int] = field(default_factory=list)  # GPUs in TRAIN, ascending (see add/remove)
     leaving: dict[int, object] = field(default_factory=dict)  # gpu -> target role
-    accumulated: list[str] = field(default_factory=list)
     busy_seconds: float = 0.0
-    step_seconds: float = 0.0  # busy time of the current optimizer step
     # the running job (a fault can abort it: see rlsched.sim.faults)
     run_token: int = 0  # bumped per start and per abort; a stale completion is ignored
     run_started: float = 0.0
     run_gpus: tuple[int, ...] = ()
+    run_seconds: float = 0.0  # charged when it started (an aborted job's still count)
     # micro-batches finished since the last optimizer step: (job, seconds, GPUs); a
     # fault re-runs them
     done_jobs: list[tuple[MicroBatchJob, float, int]] = field(default_factory=list)

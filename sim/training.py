@@ -1,16 +1,18 @@
-"""The trainer and weight sync in the simulator: micro-batch and optimizer-step jobs run
-FIFO on the GPUs in role TRAIN (:class:`~rlsched.sim.trainer.TrainerSim`); ``SyncWeights``
-stalls the named engines for the cost model's sync time, then gives them the version."""
+"""The trainer and weight sync in the simulator: the driver loop's trainer jobs
+(:class:`~rlsched.cluster.loop.trainer_queue.TrainerQueue`, FIFO) are charged seconds from
+the cost model on the GPUs in role TRAIN (:class:`~rlsched.sim.trainer.TrainerSim`);
+``SyncWeights`` stalls the named engines for the cost model's sync time, then gives them
+the version."""
 
 from __future__ import annotations
 
-from rlsched.cluster.events import MicroBatchFinished, SyncFailed, TrainStepFinished, WeightsSynced
+from rlsched.cluster.events import SyncFailed, WeightsSynced
 from rlsched.cluster.ids import GpuState
+from rlsched.cluster.loop.trainer_queue import MicroBatchJob, TrainerJob
 from rlsched.cluster.record import ids_text
 
 from .core import DriverCore
 from .memory import train_job_s
-from .trainer import MicroBatchJob, OptimizerJob
 from .traj import SimTraj
 
 
@@ -94,31 +96,13 @@ class Training(DriverCore):
         f = self.cost.train_flops
         return float(sum(f(trajs[t].ctx) for t in tids))
 
-    def _queue_micro_batch(self, tids: tuple[str, ...]) -> None:
-        trajs = self.state.trajs
-        for tid in tids:
-            trajs[tid].in_micro_batch = True
-        self.trainer.jobs.append(MicroBatchJob(tuple(tids)))
-        self.state.queued_micro_batches += 1
-
-    def _queue_optimizer_step(self) -> None:
-        self.trainer.jobs.append(OptimizerJob())
-        self.state.queued_optimizer_steps += 1
-
-    def _trainer_next(self) -> None:
+    def _start_job(self, job: TrainerJob) -> None:
+        """Run ``job`` (the loop's queue checked the trainer is free and
+        ``SimBackend.trainer_ready``): charge its seconds, report it done after them."""
         tr = self.trainer
-        if tr.running is not None or not tr.jobs or not tr.gpus or tr.restart_until > self.now:
-            return
-        if len(tr.gpus) < self.layout.min_gpus:
-            return  # below its memory floor the trainer cannot run: wait for more GPUs
-        job = tr.jobs.popleft()
-        tr.running = job
-        st = self.state
-        st.trainer_busy = True
         now = self.now
         gpus = tr.current()
         if isinstance(job, MicroBatchJob):
-            st.queued_micro_batches -= 1
             flops = self._charge(list(job.trajectories), self.trajs)
             if self.layout.memory is None:
                 secs = self.cost.train_s(flops, len(gpus))
@@ -128,49 +112,19 @@ class Training(DriverCore):
                 secs = train_job_s(self.cost, self.layout, flops, tokens, len(gpus), spans)
         else:
             secs = self.cost.optimizer_step_s
-        tr.step_seconds += secs
         tr.run_token += 1
-        tr.run_started, tr.run_gpus = now, gpus
-        self.gpus.set_runs(tr.runs(gpus), GpuState.TRAIN, now, step=st.version)
+        tr.run_started, tr.run_gpus, tr.run_seconds = now, gpus, secs
+        self.gpus.set_runs(tr.runs(gpus), GpuState.TRAIN, now, step=self.state.version)
         self._later(secs, self._trainer_done, job, (gpus, tr.run_token, secs))
 
-    def _trainer_done(self, job: MicroBatchJob | OptimizerJob, run: tuple[tuple[int, ...], int, float]) -> None:
+    def _trainer_done(self, job: TrainerJob, run: tuple[tuple[int, ...], int, float]) -> None:
         tr = self.trainer
         gpus, token, secs = run
         if token != tr.run_token:
             return  # aborted by a fault (re-queued, see .faults)
-        st = self.state
-        now = self.now
-        tr.running = None
-        st.trainer_busy = False
-        self.gpus.set_runs(tr.runs(gpus), GpuState.TRAIN_IDLE, now)
+        self.gpus.set_runs(tr.runs(gpus), GpuState.TRAIN_IDLE, self.now)
         if isinstance(job, MicroBatchJob):
-            tr.accumulated.extend(job.trajectories)
-            st.accumulated = tr.accumulated
             tr.done_jobs.append((job, secs, len(gpus)))
-            self._emit(MicroBatchFinished(job.trajectories))
         else:
-            trained = tr.accumulated
-            st.queued_optimizer_steps -= 1
-            st.mark_trained(trained, st.version)
-            # (a trajectory cut before its first turn finished has no token of any version:
-            # min_version -1 is not a staleness; as analysis and the live driver count it)
-            stale = max((st.version - st.trajs[t].min_version for t in trained
-                         if st.trajs[t].min_version >= 0), default=0)
-            self._steps.append({
-                "version": st.version + 1, "time": now, "trajectories": len(trained),
-                "trained_tokens": int(sum(self._trained_tokens(t) for t in trained)),
-                "train_seconds": tr.step_seconds, "max_staleness": int(stale),
-            })
-            tr.step_seconds = 0.0
-            tr.accumulated = []
             tr.done_jobs = []
-            st.accumulated = tr.accumulated
-            st.version += 1
-            self._emit(TrainStepFinished(st.version))
-            if self.progress is not None:
-                self.progress(st.version, st.num_steps, now)
-            if st.version >= st.num_steps and not self._done.triggered:
-                self._done.succeed()
-        self._release_leaving()
-        self._trainer_next()
+        self.loop.trainer.job_finished(job, secs)

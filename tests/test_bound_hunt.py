@@ -34,6 +34,7 @@ from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import PolicyError
 from rlsched.cluster.events import Event, MicroBatchFinished, RolesChanged, RunStarted
 from rlsched.cluster.ids import Drain, Role, TrajStatus
+from rlsched.cluster.legality import check as legality_check
 from rlsched.sim.run import simulate
 from rlsched.sim.workload import Workload
 
@@ -142,7 +143,7 @@ class RandomLegal:
         cmds: list[Command] = []
         for _, cmd in sorted((o for o in options if o[0] > 0), key=lambda wc: -wc[0] * r.random()):
             try:
-                view.check(cmd)
+                legality_check(view, cmd)
             except PolicyError:
                 continue
             cmds.append(cmd)

@@ -11,6 +11,7 @@ import pytest
 from rlsched.cluster.commands import Reassign
 from rlsched.cluster.errors import ConfigError, PolicyError
 from rlsched.cluster.ids import Role
+from rlsched.cluster.legality import check as legality_check
 from rlsched.cluster.state import ClusterState
 from rlsched.sim.cost import CostModel
 from rlsched.sim.engine import EngineSim
@@ -200,10 +201,10 @@ def _state(train: int, floor: int = 8) -> ClusterState:
 def test_reassign_below_the_floor_is_refused() -> None:
     st = _state(12)
     with pytest.raises(PolicyError, match=r"leaves the trainer 4 GPUs, below its floor of 8 \(hand floor\)"):
-        st.check(Reassign(tuple(range(8)), Role.ROLLOUT))
-    st.check(Reassign(tuple(range(4)), Role.ROLLOUT))  # leaves 8: fine
-    st.check(Reassign(tuple(range(12)), Role.ROLLOUT))  # leaves none: fine
-    st.check(Reassign((12, 13, 14, 15), Role.TRAIN))  # growing is never refused
+        legality_check(st, Reassign(tuple(range(8)), Role.ROLLOUT))
+    legality_check(st, Reassign(tuple(range(4)), Role.ROLLOUT))  # leaves 8: fine
+    legality_check(st, Reassign(tuple(range(12)), Role.ROLLOUT))  # leaves none: fine
+    legality_check(st, Reassign((12, 13, 14, 15), Role.TRAIN))  # growing is never refused
     info = st.trainer()
     assert (info.min_gpus, info.grow_unit) == (8, 4)
     assert ClusterState(16, 4, [[("r0", "t0")]], 0).trainer().min_gpus == 1  # default: no floor
@@ -298,7 +299,7 @@ def test_every_policy_runs_on_a_trillion_parameter_moe(spec: str, tmp_path) -> N
 def test_a_plans_cost_table_reloads_as_the_same_model() -> None:
     # recommended.toml's [cost] holds what differs from the default preset; loaded over the
     # default again it is the planned model -- the flat one (--model none) included
-    from rlsched.plan_output import cost_overrides
+    from rlsched.plan.output import cost_overrides
 
     for c in (CostModel(), preset_cost("qwen2.5-32b", "h200"), preset_cost("qwen3-30b-a3b", "b200"),
               CostModel(switch_s=3.0)):

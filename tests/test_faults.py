@@ -21,6 +21,7 @@ from rlsched.cluster.commands import Reassign
 from rlsched.cluster.errors import ConfigError, PolicyError
 from rlsched.cluster.faults import Fault, FaultSchedule, parse_faults
 from rlsched.cluster.ids import Role
+from rlsched.cluster.legality import check as legality_check
 from rlsched.cluster.record import read_run
 from rlsched.cluster.state import ClusterState
 from rlsched.config import parse_config
@@ -213,7 +214,7 @@ def test_failed_gpu_cannot_be_reassigned():
     st = ClusterState(2, 1, [[("t", "task")]], 0)
     st.failed.add(1)
     with pytest.raises(PolicyError, match="GPU 1, which has failed"):
-        st.check(Reassign((0, 1), Role.ROLLOUT))
+        legality_check(st, Reassign((0, 1), Role.ROLLOUT))
     assert st.failed_gpus() == (1,)
 
 

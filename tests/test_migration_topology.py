@@ -63,7 +63,7 @@ def test_without_a_topology_every_move_pays_the_flat_transfer() -> None:
 
 
 def test_cost_show_prints_the_migration_both_ways() -> None:
-    from rlsched.cli_cost import describe
+    from rlsched.cli.cost import describe
     from rlsched.sim.presets import preset_cost
 
     # Qwen2.5-32B KV: 2 x 64 layers x 8 heads x 128 x 2 bytes = 262,144 B per token; a

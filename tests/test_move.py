@@ -1,6 +1,6 @@
 """Issue 23: the ``Move`` command, late binding (the cluster queue) and ``max_num_seqs`` in
 the simulator, with scripted policies (events in, commands out) on hand-computable
-timelines, and ``Move``'s legality in ``ClusterState.check``."""
+timelines, and ``Move``'s legality in ``legality.check``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import PolicyError
 from rlsched.cluster.events import Event, RolesChanged, TimerFired, TrajectoryFinished
 from rlsched.cluster.ids import Role, TrajStatus
+from rlsched.cluster.legality import check as legality_check
 from rlsched.cluster.record import read_run
 from rlsched.cluster.state import ClusterState, EngineState
 from rlsched.cluster.view import ClusterView
@@ -269,24 +270,25 @@ def _state() -> ClusterState:
 def test_illegal_moves_are_refused_in_one_line(cmd, msg):
     st = _state()
     with pytest.raises(PolicyError, match=msg.replace("(", r"\(")) as err:
-        st.check(cmd)
+        legality_check(st, cmd)
     assert "\n" not in str(err.value)
 
 
 def test_legal_moves_pass():
     st = _state()
     for cmd in (Move(("A",), 1), Move(("A",)), Move(("B",), 0), Move(("A", "B"), 1)):
-        st.check(cmd)
+        legality_check(st, cmd)
     assert st.cluster_queue() == ("B",)
     assert st.rollout_totals().unbound == 1
 
 
 def test_the_live_driver_refuses_move_in_one_line():
+    from rlsched.real.live_backend import LiveBackend
     from rlsched.real.live_driver import LiveDriver
 
-    driver = object.__new__(LiveDriver)  # (_apply of Move touches no driver state)
+    backend = LiveBackend(object.__new__(LiveDriver))  # (move touches no driver state)
     with pytest.raises(PolicyError, match=r"^Move: the live driver cannot move trajectories") as err:
-        driver._apply(Move(("A",), 0))
+        backend.move(("A",), 0)
     assert "\n" not in str(err.value)
 
 

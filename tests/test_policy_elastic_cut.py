@@ -13,6 +13,7 @@ from rlsched.cluster.commands import (
 )
 from rlsched.cluster.events import RolesChanged, RunStarted, TrainStepFinished, TrajectoryFinished
 from rlsched.cluster.ids import Role, TrajStatus
+from rlsched.cluster.legality import check as legality_check
 from rlsched.cluster.state import ClusterState, EngineState
 from rlsched.policies import make_policy
 
@@ -115,7 +116,7 @@ def test_the_tail_is_cut_kept_running_and_trained_with_the_next_step():
     cmds = pol.on_event(TrajectoryFinished("T7", TrajStatus.DONE, 3), st)
     (mb,) = [c for c in cmds if isinstance(c, TrainMicroBatch)]
     assert set(tail) <= set(mb.trajectories)
-    st.check(mb)  # legal: trained at version 1 from version 0 (staleness 1)
+    legality_check(st, mb)  # legal: trained at version 1 from version 0 (staleness 1)
 
 
 def test_no_cut_while_too_many_are_live():
@@ -138,7 +139,7 @@ def test_an_idle_engine_steals_from_the_most_crowded():
     (mv,) = [c for c in cmds if isinstance(c, Move)]
     assert mv.engine == 0 and len(mv.trajectories) == 1
     assert st.trajs[mv.trajectories[0]].engine == 1  # the most crowded (ties: lowest id)
-    st.check(mv)
+    legality_check(st, mv)
 
 
 def test_no_steal_when_off_or_nothing_is_crowded():

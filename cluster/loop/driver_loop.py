@@ -1,0 +1,128 @@
+"""The driver loop: the policy contract's meaning, written once for both drivers.
+
+Events wait in one FIFO (:meth:`DriverLoop.emit`). :meth:`DriverLoop.pump` hands them to
+the policy one at a time, in order; each command the policy answers is checked
+(``legality.check``), recorded (:mod:`.recording`) and applied before the next event:
+trainer commands go to the :class:`~.trainer_queue.TrainerQueue`, everything else to the
+:class:`~.backend.Backend`, except the state change ``Drop`` itself defines (marking the
+trajectories dropped), which is made here after the backend's clean-up.
+
+The pump is re-entrant-safe: an event emitted while commands are applied waits in the
+FIFO and is delivered by the pump already running, after the current event's commands.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from rlsched.cluster.commands import (
+    Command,
+    Dispatch,
+    Drop,
+    Interrupt,
+    Move,
+    OptimizerStep,
+    Reassign,
+    SetTimer,
+    SyncWeights,
+    Train,
+    TrainMicroBatch,
+)
+from rlsched.cluster.errors import PolicyError
+from rlsched.cluster.events import Event, TrainStepFinished
+from rlsched.cluster.legality import check
+from rlsched.cluster.policy import Policy
+from rlsched.cluster.state import ClusterState
+
+from .backend import Backend
+from .recording import EventSink, record_command, record_event
+from .trainer_queue import TrainerQueue
+
+
+class DriverLoop:
+    """One run's event FIFO, policy pump, command dispatch and trainer queue."""
+
+    def __init__(self, state: ClusterState, policy: Policy, backend: Backend, recorder: EventSink | None, *,
+                 version_base: int = 0, progress: Callable[[int, int, float], None] | None = None,
+                 before_event: Callable[[], None] | None = None,
+                 step_recorded: Callable[[], None] | None = None) -> None:
+        """``recorder`` None records nothing. ``before_event`` runs before each event is
+        delivered (the simulator's ``--check`` invariants); ``step_recorded`` runs once a
+        ``TrainStepFinished`` is recorded, before the policy reacts to it (the live driver
+        makes the step durable there). ``version_base`` and ``progress``: see
+        :class:`~.trainer_queue.TrainerQueue`."""
+        self.state = state
+        self.policy = policy
+        self.backend = backend
+        self.rec = recorder
+        self.events: deque[Event] = deque()
+        self.emit: Callable[[Event], None] = self.events.append
+        self.trainer = TrainerQueue(state, backend, self.emit, version_base=version_base, progress=progress)
+        self.before_event = before_event
+        self.step_recorded = step_recorded
+        self.pumped = 0  # events delivered to the policy
+        self._pumping = False
+
+    def pump(self) -> None:
+        """Deliver every waiting event (and those its commands cause) to the policy."""
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            st = self.state
+            now = self.backend.now
+            st.advance(now())
+            policy, apply, rec = self.policy, self.apply, self.rec
+            before, step_recorded = self.before_event, self.step_recorded
+            events = self.events
+            while events:
+                ev = events.popleft()
+                self.pumped += 1
+                if before is not None:
+                    before()
+                if rec is not None:
+                    record_event(rec, now(), ev, st)
+                if step_recorded is not None and type(ev) is TrainStepFinished:
+                    step_recorded()
+                for cmd in policy.on_event(ev, st):
+                    check(st, cmd)
+                    if rec is not None:
+                        record_command(rec, now(), cmd, st)
+                    apply(cmd)
+        finally:
+            self._pumping = False
+
+    def apply(self, cmd: Command) -> None:
+        """Execute one checked command (see the module docstring for who does what)."""
+        b = self.backend
+        tq = self.trainer
+        match cmd:
+            case Dispatch(trajectories=tids, engine=e):
+                b.dispatch(tids, e)
+            case Reassign(gpus=gpus, role=role, drain=drain):
+                b.reassign(gpus, role, drain)
+            case TrainMicroBatch(trajectories=tids):
+                tq.micro_batch(tids)
+                tq.next()
+            case Train(trajectories=tids):
+                tq.micro_batch(tids)
+                tq.optimizer_step()
+                tq.next()
+            case OptimizerStep():
+                tq.optimizer_step()
+                tq.next()
+            case SyncWeights(engines=es):
+                b.sync(tuple(es) if es is not None else self.state.engines())
+            case Interrupt(trajectories=tids, keep_progress=keep):
+                for tid in tids:
+                    b.interrupt(tid, keep)
+            case Move(trajectories=tids, engine=e):
+                b.move(tids, e)
+            case Drop(trajectories=tids):
+                b.drop(tids)
+                self.state.mark_dropped(tids)
+            case SetTimer(at=at, tag=tag):
+                b.set_timer(at, tag)
+            case _:
+                raise PolicyError(f"unknown command {cmd!r}: expected one of rlsched.cluster.commands")
