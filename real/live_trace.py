@@ -9,7 +9,9 @@ from rlsched.cluster.events import (
     Event,
     MicroBatchFinished,
     RolesChanged,
+    SyncFailed,
     TimerFired,
+    TrainerFailed,
     TrainStepFinished,
     TrajectoryFinished,
     WeightsSynced,
@@ -37,9 +39,13 @@ def describe_event(rec: RunRecorder, now: float, ev: Event, st: ClusterState) ->
         case MicroBatchFinished(trajectories=ts):
             rec.event(now, "MicroBatchFinished", version=st.version, detail=str(len(ts)))
         case WorkerFailed(gpu=g, trajectories=ts):
-            rec.event(now, "WorkerFailed", gpu=g, detail=str(len(ts)))
+            rec.event(now, "WorkerFailed", gpu=g, detail=f"{len(ts)} trajectories interrupted")
         case WorkerRecovered(gpu=g):
             rec.event(now, "WorkerRecovered", gpu=g)
+        case TrainerFailed(version=v, restart_s=r):
+            rec.event(now, "TrainerFailed", version=v, detail=f"restart {r:g}s")
+        case SyncFailed(engines=es, version=v, retry_s=r):
+            rec.event(now, "SyncFailed", version=v, detail=f"{ids_text(es)} retry {r:g}s")
         case _:
             rec.event(now, type(ev).__name__)
 

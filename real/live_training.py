@@ -15,11 +15,19 @@ Everything here runs on the driver's event-loop thread (see ``live_driver.py``).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlsched.cluster.events import MicroBatchFinished, TrainStepFinished, WeightsSynced
 from rlsched.cluster.ids import GpuState, Role
 
+from .live_fault_inject import (
+    Failed,
+    failing_sync,
+    outcome,
+    raise_failure,
+    sync_should_fail,
+    trainer_job_started,
+)
 from .live_trace import ids_text
 from .samples import micro_batch_samples
 
@@ -36,6 +44,12 @@ class Training:
         self._step_seconds = 0.0
         self.steps: list[dict] = []  # one row per optimizer step (live_record.STEP_COLUMNS)
         self.trained_tokens: dict[str, int] = {}
+        # for a [faults] trainer crash (live_fault_inject): the step's finished micro-batches
+        # (re-run after it) with their GPU-seconds, the running job, and which trainer
+        # incarnation a job ran on (a crashed one's late reply is void)
+        self._done_micro: list[tuple[tuple[str, ...], float]] = []
+        self._running: tuple[str, tuple[str, ...], tuple[int, ...], float] | None = None
+        self._epoch = 0
 
     # ------------------------------------------------------------------- jobs
     def queue_micro_batch(self, tids: tuple[str, ...]) -> None:
@@ -58,16 +72,24 @@ class Training:
         st.trainer_busy = True
         gpus = st.gpus_in(Role.TRAIN)
         h.timeline.set(gpus, GpuState.TRAIN, h.now(), step=st.version)
+        epoch, self._running = self._epoch, (kind, tids, gpus, h.now())
         if kind == "micro":
             st.queued_micro_batches -= 1
             samples, tokens = micro_batch_samples(h.trajs, st, tids)
             self.trained_tokens.update(tokens)
-            h.submit(h.lane.micro_batch(samples), lambda r: self._job_done(kind, tids, gpus, r))
+            fut = h.lane.micro_batch(samples)
         else:
-            h.submit(h.lane.optimizer_step(), lambda r: self._job_done(kind, tids, gpus, r))
+            fut = h.lane.optimizer_step()
+        h.submit(outcome(fut), lambda r: self._job_done(kind, tids, gpus, r, epoch))
+        trainer_job_started(h)  # an armed [faults] trainer fault crashes this job
 
-    def _job_done(self, kind: str, tids: tuple[str, ...], gpus: tuple[int, ...], r: dict) -> None:
+    def _job_done(self, kind: str, tids: tuple[str, ...], gpus: tuple[int, ...], r: Any, epoch: int) -> None:
         h = self.h
+        if epoch != self._epoch:
+            return  # ran on a trainer that crashed since: re-queued by abort_step
+        if isinstance(r, Failed):
+            raise_failure(r.exc)
+        self._running = None
         st, now = h.st, h.now()
         self.job_running = False
         st.trainer_busy = False
@@ -75,6 +97,7 @@ class Training:
         h.timeline.set([g for g in gpus if st.roles[g] is Role.TRAIN], GpuState.TRAIN_IDLE, now)
         if kind == "micro":
             h.stats["micro_batch"].append(r)
+            self._done_micro.append((tids, r["seconds"] * len(gpus)))
             self._accumulated.extend(tids)
             st.accumulated = self._accumulated
             h.emit(MicroBatchFinished(tids))
@@ -100,6 +123,7 @@ class Training:
             "train_seconds": self._step_seconds, "max_staleness": int(stale),
         })
         self._step_seconds = 0.0
+        self._done_micro = []
         self._accumulated = []
         st.accumulated = self._accumulated
         st.version += 1
@@ -108,6 +132,33 @@ class Training:
         h.emit(TrainStepFinished(st.version))
         if h.progress is not None:
             h.progress(h.base + st.version, h.base + st.num_steps, now)
+
+    def abort_step(self) -> float:
+        """A ``[faults]`` trainer crash (``live_fault_inject``): the step's gradients are gone.
+        Re-queue its finished micro-batches and the running job, in order, ahead of queued
+        work (as ``sim/faults._abort_step``); the running job's reply is void. Returns the
+        trainer GPU-seconds lost (measured)."""
+        h = self.h
+        st, now = h.st, h.now()
+        requeue = [("micro", tids) for tids, _ in self._done_micro]
+        lost = sum(secs for _, secs in self._done_micro)
+        st.queued_micro_batches += len(self._done_micro)
+        if self.job_running and self._running is not None:
+            kind, tids, gpus, t0 = self._running
+            lost += (now - t0) * len(gpus)
+            requeue.append((kind, tids))
+            if kind == "micro":
+                st.queued_micro_batches += 1
+            self.job_running = False
+            st.trainer_busy = False
+            h.timeline.set([g for g in gpus if st.roles[g] is Role.TRAIN], GpuState.TRAIN_IDLE, now)
+        self._jobs.extendleft(reversed(requeue))
+        self._running = None
+        self._done_micro = []
+        self._accumulated = []
+        st.accumulated = self._accumulated
+        self._epoch += 1
+        return lost
 
     # ------------------------------------------------------------------- sync
     def sync(self, engines: tuple[int, ...]) -> None:
@@ -125,11 +176,16 @@ class Training:
             h.rollout.engines[e].syncing = True
             h.st.engines_[e].syncing = True
             h.rollout.touch(e)
+        if sync_should_fail(h):  # an armed [faults] sync fault: this sync fails, for real
+            failing_sync(h, live, pub, target, t0)
+            return
         left = {"n": len(live)}
 
-        def one(r: dict, e: int) -> None:
+        def one(r: Any, e: int) -> None:
             left["n"] -= 1
-            if e in h.rollout.engines:
+            if isinstance(r, Failed):  # the engine died mid-sync: the others' sync still ends
+                h.roles.engine_failed(e, r.exc)
+            elif e in h.rollout.engines:
                 h.rollout.engines[e].version = r["version"]
                 h.st.engines_[e].version = r["version"]
             if left["n"] == 0:
@@ -139,7 +195,7 @@ class Training:
 
         for e in live:
             eng = h.rollout.engines[e]
-            h.ray_call(eng.actor.update_weights.remote(pub.ref, target), lambda r, e=e: one(r, e), engine=e)
+            h.submit(outcome(eng.actor.update_weights.remote(pub.ref, target).future()), lambda r, e=e: one(r, e))
 
     def _sync_done(self, engines: list[int], version: int) -> None:
         h = self.h
