@@ -29,7 +29,6 @@ the running engines, trainer and tools. What happens for real:
     interrupted live). A trainer GPU is left alone, recorded as a ``Fault`` without effect
     (``without_effect``; use a ``trainer`` fault to crash the trainer). A fault without
     ``gpu=`` picks a working GPU with the schedule's seeded RNG, as simulated.
-
 ``trainer``
     The next training job to run at or after the fault's time crashes (at once, if one is
     running when the fault fires): the trainer's rank processes are killed
@@ -37,7 +36,7 @@ the running engines, trainer and tools. What happens for real:
     simulator, ``TrainerFailed`` is reported, the step's finished micro-batches and the
     lost job are re-queued ahead of queued work, and the trainer restarts after
     ``restart_s`` -- new ranks on the same slots, loaded from the last completed optimizer
-    step's checkpoint (the weights the engines were last sent). (The simulator crashes the
+    step's checkpoint (the last weights published). (The simulator crashes the
     trainer at the fault's time even between jobs, where only the restart is lost; live, a
     crash between jobs would kill nothing that holds work, so it waits for the next job.)
     With no trainer GPU when it fires, it has no effect, as simulated.
