@@ -118,9 +118,10 @@ def _fail_gpu(h: LiveDriver, f: Fault, g: int | None) -> None:
         return
     recover_s = f.recover_s if f.recover_s is not None else fs.schedule.recover_s
     role = st.roles[g]
-    if role is Role.SWITCHING or (role is Role.ROLLOUT and st.engine_of(g) not in h.rollout.engines):
+    if (role is Role.SWITCHING or (role is Role.ROLLOUT and st.engine_of(g) not in h.rollout.engines)
+            or (role is Role.TRAIN and h.roles.lane_ops)):
         # A switch in flight (an engine booting, a trainer resizing) cannot be cut short for
-        # real yet: the GPU fails the moment it arrives in its new role.
+        # real yet: the GPU fails the moment it arrives in its new role (or the resize ends).
         fs.switching.append((f, g))
         return
     e = st.engine_of(g) if role is Role.ROLLOUT else None
@@ -132,13 +133,10 @@ def _fail_gpu(h: LiveDriver, f: Fault, g: int | None) -> None:
         hit = h.roles.engine_failed(e, f"killed by a [faults] gpu fault on GPU {g}", failed=g)
         what = (f"rollout engine {e} lost, {len(hit)} trajectories interrupted "
                 "(the tokens of their turns in progress died with it)")
-    elif role is Role.IDLE:
+    elif role is Role.TRAIN:
+        what = _fail_trainer_gpu(h, g)
+    else:
         what = "idle GPU"
-    else:  # a trainer GPU: losing one rank of the trainer is not built live
-        fs.stats["without_effect"] += 1
-        note(h, "gpu", f"GPU {g} ({role.value}): the live backend fails only rollout engines' and idle "
-                       "GPUs (a trainer fault crashes the trainer); no effect", gpu=g)
-        return
     fs.stats["trajectory_interruptions"] += len(hit)
     fs.hit.update(hit)
     now = h.now()
@@ -192,8 +190,16 @@ def trainer_job_started(h: LiveDriver) -> None:
     note(h, "trainer", f"trainer crashed at version {st.version}: step re-run after a {restart:g}s restart "
                        f"({lost:.1f} GPU-s lost; {ranks} ranks killed)", version=st.version)
     h.emit(TrainerFailed(st.version, restart))
+    _restart_trainer(h, None)
+
+
+def _restart_trainer(h: LiveDriver, slots: list[int] | None) -> None:
+    """After a crash: the lane restarts the trainer (on ``slots``; None: the same ones)
+    after ``restart_s``; no job and no membership change runs before that."""
+    fs = h.faults
+    assert fs is not None
     roles = h.roles
-    roles.lane_ops += 1  # no job and no membership change before the restart is done
+    roles.lane_ops += 1
 
     def restarted(r: Any) -> None:
         roles.lane_ops -= 1
@@ -201,8 +207,27 @@ def trainer_job_started(h: LiveDriver) -> None:
         h.rec.event(h.now(), "TrainerResize", detail=f"{r['action']} world={r['world']} {r['seconds']:.2f}s")
         h.training.next_job()
 
-    h.submit(h.lane.restart(restart, h.base + st.version, h._stopping), restarted)
+    h.submit(h.lane.restart(fs.schedule.restart_s, h.base + h.st.version, h._stopping, slots), restarted)
     roles.release_leaving()  # GPUs that waited for the job to end leave now (after the restart)
+
+
+def _fail_trainer_gpu(h: LiveDriver, g: int) -> str:
+    """A trainer GPU fails (as ``sim/faults._fail_gpu``'s trainer branch): the step's
+    gradients are gone (its micro-batches are re-run), and the trainer goes on without the
+    GPU -- live, its ranks are killed and it restarts on the other slots after
+    ``restart_s`` from the last step's checkpoint (none left: when GPUs come back)."""
+    fs, roles = h.faults, h.roles
+    assert fs is not None
+    if g in roles.leaving:
+        gid, _ = roles.leaving.pop(g)
+        roles._group_drop(gid, g)
+    roles.trainer_slots = [s for s in roles.trainer_slots if s != g]
+    h.lane.crash()
+    lost = h.training.abort_step()
+    lost += fs.schedule.restart_s * len(roles.trainer_slots)
+    fs.stats["train_gpu_seconds_lost"] += lost
+    _restart_trainer(h, list(roles.trainer_slots))
+    return f"trainer shrinks to {len(roles.trainer_slots)} GPUs, step re-run ({lost:.1f} GPU-s lost)"
 
 
 # ---------------------------------------------------------------------- helpers

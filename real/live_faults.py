@@ -24,11 +24,13 @@ the running engines, trainer and tools. What happens for real:
     their finished turns kept (``TrajectoryFinished`` interrupted, then ``WorkerFailed``),
     the GPU is ``failed`` until ``recover_s`` has passed (``WorkerRecovered``), and the
     policy dispatches the trajectories again. An idle GPU is simply unusable until it
-    recovers. A GPU switching roles when the fault fires fails the moment its switch ends
-    (the simulator cuts the switch short; a booting engine or a resizing trainer is not
-    interrupted live). A trainer GPU is left alone, recorded as a ``Fault`` without effect
-    (``without_effect``; use a ``trainer`` fault to crash the trainer). A fault without
-    ``gpu=`` picks a working GPU with the schedule's seeded RNG, as simulated.
+    recovers. A trainer GPU's failure loses the step's gradients, as simulated: the
+    trainer's ranks are killed, the step's micro-batches re-queued, and the trainer
+    restarts without the GPU after ``restart_s`` from the last step's checkpoint (with no
+    GPU left, when the policy gives it GPUs again). A GPU switching roles (or in a trainer
+    resize) when the fault fires fails the moment its switch ends (the simulator cuts the
+    switch short; a booting engine or a resizing trainer is not interrupted live). A fault
+    without ``gpu=`` picks a working GPU with the schedule's seeded RNG, as simulated.
 ``trainer``
     The next training job to run at or after the fault's time crashes (at once, if one is
     running when the fault fires): the trainer's rank processes are killed

@@ -9,6 +9,8 @@ schedule replayed on the trace the live run recorded:
   them), ``SyncFailed``, then the same engine is synced again after ``sync_retry_s``;
 * gpu: the engine actor on GPU 0 is killed, its trajectories are interrupted and
   dispatched again once the GPU recovered (``WorkerFailed`` then ``WorkerRecovered``);
+  the trainer GPU 1 fails: the trainer's rank is killed and it starts again once the GPU
+  is back;
 * trainer: the trainer's ranks are killed during its first job, ``TrainerFailed``, and the
   job is re-run on a trainer restarted from the last published weights.
 """
@@ -134,6 +136,28 @@ def test_a_killed_engine_gpu_recovers_and_its_trajectories_resume(tiny_cache, tm
     assert _kinds(sim.events) == _kinds(ev)
     print(f"\nlive gpu fault: engine killed at {failed.time:.1f}s with {hit} trajectories, "
           f"GPU back at {back.time:.1f}s, makespan {m['makespan_seconds']:.1f}s")
+
+
+def test_a_failed_trainer_gpu_stops_the_trainer_until_it_recovers(tiny_cache, tmp_path) -> None:
+    recover = 3.0
+    rec, run_dir, cfg = _live(tmp_path, tiny_cache, f"[faults]\nrecover_s = {recover}\nrestart_s = 1.0\n\n"
+                                                    '[[faults.fault]]\nkind = "gpu"\nat = 0.0\ngpu = 1\n')
+    m = rec.meta
+    assert m["faults"]["gpu"] == 1 and m["faults"]["failed_gpu_seconds"] >= recover - 0.05
+    ev = rec.events
+    assert _kinds(ev) == ["Fault", "WorkerFailed", "WorkerRecovered"]
+    [fault] = ev.loc[ev["kind"] == "Fault", "detail"].tolist()
+    assert fault.startswith("gpu: GPU 1 (train) failed: trainer shrinks to 0 GPUs, step re-run")
+    [failed] = ev.loc[ev["kind"] == "WorkerFailed"].itertuples()
+    assert failed.gpu == 1 and failed.detail == "0 trajectories interrupted"
+    # the trainer's only rank was killed; it started again once the GPU was back
+    actions = [r["action"] for r in m["measurements"]["trainer_membership"]]
+    assert actions[:3] == ["start", "restart", "start"], actions
+    assert list(rec.steps["version"]) == [1, 2]
+    sim = _simulated(tmp_path, run_dir, cfg)
+    assert _kinds(sim.events) == _kinds(ev)
+    print(f"\nlive trainer-GPU fault: trainer lost GPU 1 at {failed.time:.1f}s, "
+          f"makespan {m['makespan_seconds']:.1f}s")
 
 
 def test_a_crashed_trainer_restarts_and_reruns_the_lost_job(tiny_cache, tmp_path) -> None:
