@@ -62,8 +62,9 @@ def run_live(policy_spec: str | None, *, make: PolicyMaker, steps: int | None, o
 
     Every part of the run config is honoured or refused in one line: ``sandbox_slots``
     bounds the concurrent tool calls (as in the simulator, with ``SandboxQueued`` events);
-    ``[faults]`` of the tool kind are injected for real (``live_faults``); ``processor`` and
-    other fault kinds are refused (``live_config.refuse_unsupported``).
+    ``[faults]`` of the tool, sync and gpu kinds are injected for real (``live_faults``,
+    ``live_fault_inject``); ``processor``, trainer faults and rate faults are refused
+    (``live_config.refuse_unsupported``).
     """
     from rlsched.cluster.config import LoggingConfig, RunConfig
 
@@ -102,6 +103,10 @@ def run_live(policy_spec: str | None, *, make: PolicyMaker, steps: int | None, o
     settings = LiveSettings.from_config(live, tasks_per_step=run.tasks_per_step,
                                         samples_per_task=run.samples_per_task)
     gpus, tp = settings.cluster(run.gpus, run.tp)
+    if run.faults:
+        from .live_faults import check_live_faults
+
+        check_live_faults(run.faults, gpus=gpus)  # a gpu= outside the live cluster: one line now
     run = replace(run, steps=steps)
     fp = checkpoint.fingerprint(run, settings, gpus, tp)
     resumed = checkpoint.load(out, manifest, policy=canonical, fp=fp) if manifest else None
@@ -293,7 +298,7 @@ class _Run:
             make_env=self.make_env, seed=self.seed, progress=progress,
             base=self.base, t_offset=r.time if r else 0.0, on_step=self.checkpoint,
             sandbox_slots=self.run.sandbox_slots,
-            faults=LiveFaults(self.run.faults) if self.run.faults else None,
+            faults=LiveFaults(self.run.faults, gpus=self.gpus) if self.run.faults else None,
         )
         if self.logging is not None and self.logging.backends:
             from .live_logging import open_loggers
@@ -413,7 +418,7 @@ class _Run:
             seed=self.seed,
             config={**self.config["run"], "gpus": self.gpus, "tp": self.tp},  # the cluster that ran
             events_processed=driver.events_processed + int(prior.get("events_processed") or 0),
-            faults=driver.faults.close() if driver.faults is not None else None,
+            faults=driver.faults.close(makespan) if driver.faults is not None else None,
             fault_schedule=self.run.faults.to_dict() if driver.faults is not None else None,
             driver_fields={
                 "spec_as_given": self.spec,

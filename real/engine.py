@@ -113,6 +113,10 @@ class _Live:
         return TurnOutput(rid, self.tokens, finished, stopped, now - self.start, self.logprobs, self.versions)
 
 
+class SyncRefused(LiveBackendError):
+    """A weight sync an injected ``[faults]`` sync fault made fail (the engine is fine)."""
+
+
 class VllmEngine:
     """The engine itself (plain class; :func:`engine_actor_class` wraps it for Ray)."""
 
@@ -287,10 +291,19 @@ class VllmEngine:
         return {"token_ids": result, "seconds": secs, "tokens": sum(map(len, result)), "version": self.version}
 
     # --------------------------------------------------------------- weights
-    def update_weights(self, named: Mapping[str, Any], version: int) -> dict[str, Any]:
-        """Load ``named`` (vLLM checkpoint names -> CPU tensors) in place; set ``version``."""
+    def update_weights(self, named: Mapping[str, Any], version: int, refuse: bool = False) -> dict[str, Any]:
+        """Load ``named`` (vLLM checkpoint names -> CPU tensors) in place; set ``version``.
+
+        ``refuse``: a ``[faults]`` sync fault (``live_fault_inject``): the weights have
+        arrived (Ray resolved the reference into this process: the transfer happened) but
+        are not loaded -- the call fails with :class:`SyncRefused` and the engine keeps the
+        weights and version it had, as a failed sync leaves it."""
         t0 = time.perf_counter()
         items = list(named.items())
+        if refuse:
+            raise SyncRefused(f"engine {self.engine_id}: weight sync to version {int(version)} failed "
+                              f"([faults] sync; {len(items)} tensors received, not loaded; "
+                              f"keeps version {self.version})")
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
         self.core.reset_prefix_cache()  # cached KV was computed by the old weights
         self.version = int(version)

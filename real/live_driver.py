@@ -22,7 +22,8 @@ reported, before the policy reacts to it: that is when the run is made durable.
 Tool calls take a sandbox slot, as in the simulator: at most ``sandbox_slots`` environment
 steps run at once (and never more than ``[live] env_workers``, the threads that run them);
 a call that finds every slot taken waits in FIFO order and is recorded as ``SandboxQueued``.
-``faults`` (``live_faults``) makes armed tool calls hang for real until they are cut.
+``faults`` (``live_faults``, ``live_fault_inject``) injects the ``[faults]`` schedule for
+real: armed tool calls hang until they are cut, a weight sync fails, a GPU's engine is killed.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from .engine import EngineSettings, engine_actor_class
 from .env import StepResult
 from .live_backend import LiveBackend
 from .live_config import LiveSettings
+from .live_fault_inject import fire_due
 from .live_faults import LiveFaults
 from .live_record import GpuTimeline
 from .live_recorder import MemoryRecorder
@@ -153,8 +155,7 @@ class LiveDriver:
 
     def _fire_timers(self) -> None:
         if self.faults is not None:
-            for note in self.faults.fire_due(self.now()):
-                self.rec.event(self.now(), "Fault", detail=note)
+            fire_due(self)  # live_fault_inject: what each fault does, for real
         while self._timers and self._timers[0][0] <= self.now():
             _, _, tag = heapq.heappop(self._timers)
             self.emit(TimerFired(tag))
@@ -168,7 +169,11 @@ class LiveDriver:
         self.submit(ex.submit(fn, *args), cb)
 
     def ray_call(self, ref: Any, cb: Callable[[Any], None], *, engine: int = -1) -> None:
+        handle = self.rollout.engines.get(engine) if engine >= 0 else None
+
         def on_done(value: Any) -> None:
+            if handle is not None and self.rollout.engines.get(engine) is not handle:
+                return  # the engine died (a killed actor) since: its late replies are void
             if isinstance(value, _Failed):
                 if engine < 0:
                     _raise(value.exc)

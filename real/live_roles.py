@@ -187,14 +187,21 @@ class Roles:
             h.training.next_job()
 
     # ----------------------------------------------------------------- failure
-    def engine_failed(self, e: int, exc: BaseException) -> None:
-        """An engine actor died: its trajectories stop (finished turns kept), its GPUs go IDLE."""
+    def engine_failed(self, e: int, exc: BaseException | str, *, failed: int | None = None) -> tuple[str, ...]:
+        """An engine actor died: its trajectories stop (finished turns kept), its GPUs go IDLE.
+        Returns the trajectories it stopped.
+
+        ``failed``: the GPU a ``[faults]`` gpu fault failed (``live_fault_inject`` killed the
+        actor and reports ``WorkerFailed`` / ``WorkerRecovered`` for that GPU itself, on the
+        schedule's recovery time); the engine's other GPUs are IDLE at once, or go on to the
+        role a drain was taking them to."""
         h = self.h
         eng = h.rollout.engines.pop(e, None)
         es = h.st.remove_engine(e) if e in h.st.engines_ else None
         if eng is None or es is None:
-            return
-        h.rec.event(h.now(), "Note", engine=e, detail=f"engine failed: {str(exc).splitlines()[0][:120]}")
+            return ()
+        why = exc if isinstance(exc, str) else str(exc).splitlines()[0][:120]
+        h.rec.event(h.now(), "Note", engine=e, detail=f"engine failed: {why}")
         stopped = tuple(list(es.queue) + sorted(es.running))
         for tid in stopped:
             rt = h.rollout.rt[tid]
@@ -203,9 +210,30 @@ class Roles:
         for g in es.gpus:
             h.st.roles[g] = Role.IDLE
         h.timeline.set(es.gpus, GpuState.IDLE, h.now())
+        if failed is not None:
+            switch = self._engine_switch.pop(e, None)
+            others = tuple(g for g in es.gpus if g != failed)
+            if switch is not None:  # it was draining towards a role: the others go on there
+                gid, role = switch
+                self._group_drop(gid, failed)
+                if others:
+                    self.start_switch(others, gid, role)
+            return stopped
         # The actor died, not the slot: the contract's failure is reported, and the slot is
         # usable again at once (a new engine can start on it), so it recovers immediately.
         for g in es.gpus:
             h.emit(WorkerFailed(g, stopped))
         for g in es.gpus:
             h.emit(WorkerRecovered(g))
+        return stopped
+
+    def _group_drop(self, gid: int, g: int) -> None:
+        """GPU ``g`` will not finish its switch (it failed): the group reports without it."""
+        grp = self._groups.get(gid)
+        if grp is None:
+            return
+        grp[0] -= 1
+        grp[1] = tuple(x for x in grp[1] if x != g)
+        if grp[0] == 0:
+            del self._groups[gid]
+            self.h.emit(RolesChanged(tuple(grp[1]), grp[2]))

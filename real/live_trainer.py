@@ -44,6 +44,7 @@ class TrainerLane:
         self.has_ckpt = False
         self.pending_tokens = 0
         self.version = version
+        self.first_version = version  # a restart before any step here starts from these weights
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlsched-trainer")
 
     # ----------------------------------------------------------- membership
@@ -70,6 +71,51 @@ class TrainerLane:
         else:
             self.group.resize(slots)
         return {"action": action, "world": len(slots), "seconds": time.perf_counter() - t0}
+
+    # ------------------------------------------------------------- a crash
+    def crash(self) -> int:
+        """Kill the trainer's ranks now (``[faults]`` trainer, from the driver's thread); the
+        job running on them fails. Returns the ranks killed (0: no trainer running)."""
+        group = self.group
+        return group.kill_ranks() if group is not None else 0
+
+    def restart(self, delay: float, version: int, stopping: Any, slots: list[int] | None = None) -> Future[dict]:
+        """After a crash: in lane order, drop the dead group, wait ``delay`` seconds (the
+        schedule's ``restart_s``; ``stopping.wait``), start the ranks again on the same
+        slots and load the weights and AdamW state of ``version`` -- the last completed
+        optimizer step, saved in its checkpoint folder (the model's own weights before the
+        first step). The step's gradients are gone; the driver re-runs its micro-batches.
+        ``slots``: the slots to restart on (a failed trainer GPU left them); none left, the
+        trainer starts from that checkpoint when GPUs come back (``set_slots``)."""
+        return self._pool.submit(self._restart, delay, version, stopping, slots)
+
+    def _restart(self, delay: float, version: int, stopping: Any, slots: list[int] | None) -> dict:
+        from rlsched.cluster.errors import LiveBackendError
+
+        t0 = time.perf_counter()
+        if slots is None:
+            slots = list(self.group.slots) if self.group is not None else []
+        if self.group is not None:
+            self.group.shutdown()
+            self.group = None
+        stopping.wait(delay)
+        self.pending_tokens = 0
+        self.version = version
+        source = self.checkpoints(version) / "trainer.pt" if self.checkpoints is not None else None
+        if (source is None or not source.exists()) and version != self.first_version:
+            raise LiveBackendError(f"trainer restart: no checkpoint of version {version} to restart from")
+        if not slots:  # the next start (set_slots) loads the last step, not an older offload
+            self.has_ckpt = False
+            self.restore = source if source is not None and source.exists() else None
+        else:
+            from .trainer import TrainerGroup
+
+            self.group = TrainerGroup(self.model_dir, slots, seed=self.seed, lr=self.lr,
+                                      threads_per_rank=self.threads)
+            if source is not None and source.exists():
+                self.group.load_checkpoint(source)
+        return {"action": "restart", "world": len(slots), "seconds": time.perf_counter() - t0,
+                "version": version}
 
     # ----------------------------------------------------------------- jobs
     def micro_batch(self, samples: list[Any]) -> Future[dict]:

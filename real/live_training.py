@@ -14,13 +14,21 @@ Everything here runs on the driver's event-loop thread (see ``live_driver.py``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlsched.cluster.events import WeightsSynced
 from rlsched.cluster.ids import GpuState, Role
 from rlsched.cluster.loop.trainer_queue import MicroBatchJob, TrainerJob
 from rlsched.cluster.record import ids_text
 
+from .live_fault_inject import (
+    Failed,
+    failing_sync,
+    outcome,
+    raise_failure,
+    sync_should_fail,
+    trainer_job_started,
+)
 from .samples import micro_batch_samples
 
 if TYPE_CHECKING:
@@ -35,6 +43,12 @@ class Training:
         self.h = host
         self.trained_tokens: dict[str, int] = {}  # tokens each trajectory's samples train
         self._published: dict | None = None  # the lane's report of the last optimizer step
+        # for a [faults] trainer crash (live_fault_inject): the step's finished micro-batches
+        # (re-run after it) with their GPU-seconds, the running job (its GPUs, its start),
+        # and which trainer incarnation a job ran on (a crashed one's late reply is void)
+        self._done_micro: list[tuple[MicroBatchJob, float]] = []
+        self._running: tuple[tuple[int, ...], float] | None = None
+        self._epoch = 0
 
     @property
     def steps(self) -> list[dict]:
@@ -57,23 +71,53 @@ class Training:
         st = h.st
         gpus = st.gpus_in(Role.TRAIN)
         h.timeline.set(gpus, GpuState.TRAIN, h.now(), step=st.version)
+        epoch, self._running = self._epoch, (gpus, h.now())
         if isinstance(job, MicroBatchJob):
             samples, tokens = micro_batch_samples(h.trajs, st, job.trajectories)
             self.trained_tokens.update(tokens)
-            h.submit(h.lane.micro_batch(samples), lambda r: self._job_done(job, gpus, r))
+            fut = h.lane.micro_batch(samples)
         else:
-            h.submit(h.lane.optimizer_step(), lambda r: self._job_done(job, gpus, r))
+            fut = h.lane.optimizer_step()
+        h.submit(outcome(fut), lambda r: self._job_done(job, gpus, r, epoch))
+        trainer_job_started(h)  # an armed [faults] trainer fault crashes this job
 
-    def _job_done(self, job: TrainerJob, gpus: tuple[int, ...], r: dict) -> None:
+    def _job_done(self, job: TrainerJob, gpus: tuple[int, ...], r: Any, epoch: int) -> None:
         h = self.h
+        if epoch != self._epoch:
+            return  # ran on a trainer that crashed since: re-queued by abort_step
+        if isinstance(r, Failed):
+            raise_failure(r.exc)
+        self._running = None
         st = h.st
         h.timeline.set([g for g in gpus if st.roles[g] is Role.TRAIN], GpuState.TRAIN_IDLE, h.now())
         if isinstance(job, MicroBatchJob):
             h.stats["micro_batch"].append(r)
+            self._done_micro.append((job, r["seconds"] * len(gpus)))
         else:
             h.stats["optimizer"].append(r)
             self._published = r
+            self._done_micro = []
         h.loop.trainer.job_finished(job, r["seconds"])
+
+    def abort_step(self) -> float:
+        """A ``[faults]`` trainer crash (``live_fault_inject``): the step's gradients are gone.
+        The loop's trainer queue re-queues its finished micro-batches and the running job, in
+        order, ahead of queued work (as the simulator's fault path does); the running job's
+        reply is void. Returns the trainer GPU-seconds lost (measured)."""
+        h = self.h
+        st, now = h.st, h.now()
+        lost = sum(secs for _, secs in self._done_micro)
+        elapsed = None
+        if self._running is not None and h.loop.trainer.running is not None:
+            gpus, t0 = self._running
+            elapsed = now - t0
+            lost += elapsed * len(gpus)
+            h.timeline.set([g for g in gpus if st.roles[g] is Role.TRAIN], GpuState.TRAIN_IDLE, now)
+        h.loop.trainer.requeue(elapsed, [job for job, _ in self._done_micro])
+        self._running = None
+        self._done_micro = []
+        self._epoch += 1
+        return lost
 
     def step_finished(self, trained: list[str]) -> None:
         """The step is counted: its trajectories' environments can go, and the weights the
@@ -102,11 +146,16 @@ class Training:
             h.rollout.engines[e].syncing = True
             h.st.engines_[e].syncing = True
             h.rollout.touch(e)
+        if sync_should_fail(h):  # an armed [faults] sync fault: this sync fails, for real
+            failing_sync(h, live, pub, target, t0)
+            return
         left = {"n": len(live)}
 
-        def one(r: dict, e: int) -> None:
+        def one(r: Any, e: int) -> None:
             left["n"] -= 1
-            if e in h.rollout.engines:
+            if isinstance(r, Failed):  # the engine died mid-sync: the others' sync still ends
+                h.roles.engine_failed(e, r.exc)
+            elif e in h.rollout.engines:
                 h.rollout.engines[e].version = r["version"]
                 h.st.engines_[e].version = r["version"]
             if left["n"] == 0:
@@ -116,7 +165,7 @@ class Training:
 
         for e in live:
             eng = h.rollout.engines[e]
-            h.ray_call(eng.actor.update_weights.remote(pub.ref, target), lambda r, e=e: one(r, e), engine=e)
+            h.submit(outcome(eng.actor.update_weights.remote(pub.ref, target).future()), lambda r, e=e: one(r, e))
 
     def _sync_done(self, engines: list[int], version: int) -> None:
         h = self.h

@@ -226,6 +226,14 @@ class TrainerGroup:
         ray.get([h.sync_from_rank0.remote() for h in handles])
         self._pending_tokens = 0
 
+    def kill_ranks(self) -> int:
+        """Kill every rank's process now (a ``[faults]`` trainer fault: the training job
+        crashes); a call running on them fails. Returns how many were killed."""
+        handles = list(self._workers.values())
+        for handle in handles:
+            ray.kill(handle)
+        return len(handles)
+
     def shutdown(self) -> None:
         for handle in self._workers.values():
             ray.kill(handle)

@@ -52,13 +52,15 @@ def test_processor_and_faults_are_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match=r"^\[run\] processor = true: the live backend") as err:
         refuse_unsupported(RunConfig(gpus=2, tp=1, processor=True))
     assert "\n" not in str(err.value)
-    for fault, words in (({"kind": "gpu", "at": 5.0}, "fault 'gpu': the live backend injects only 'tool'"),
-                         ({"kind": "sync", "at": 5.0}, "fault 'sync'"),
-                         ({"kind": "tool", "per_hour": 2.0}, "rate faults are simulated only")):
+    for fault, words in (({"kind": "tool", "per_hour": 2.0}, "rate faults are drawn during a simulated run"),
+                         ({"kind": "gpu", "per_hour": 2.0}, "give the live run explicit ones")):
         run = parse_config({"cluster": {"gpus": 2, "tp": 1}, "faults": {"fault": [fault]}}).run
         with pytest.raises(ConfigError, match=r"^\[faults\] ") as err:
             refuse_unsupported(run)
         assert words in str(err.value) and "\n" not in str(err.value)
+    for kind in ("sync", "gpu", "trainer"):  # injected for real (live_fault_inject)
+        refuse_unsupported(parse_config({"cluster": {"gpus": 2, "tp": 1},
+                                         "faults": {"fault": [{"kind": kind, "at": 5.0}]}}).run)
     tool = parse_config({"cluster": {"gpus": 2, "tp": 1}, "faults": {"fault": [{"kind": "tool", "at": 0.0}]}}).run
     refuse_unsupported(tool)  # injected for real
     with pytest.raises(ConfigError, match="does not re-arm"):
@@ -71,15 +73,46 @@ def test_live_tool_faults_arm_at_their_time_and_hit_the_next_call() -> None:
     from rlsched.real.live_faults import LiveFaults
 
     lf = LiveFaults(FaultSchedule((Fault("tool", at=5.0, trajectory="b"), Fault("tool", at=1.0)), tool_timeout_s=3.0))
-    assert lf.next_at() == 1.0 and lf.fire_due(0.5) == []
+    assert lf.next_at() == 1.0 and lf.due(0.5) == []
     assert lf.take_hang("a") is None  # nothing armed yet
-    assert lf.fire_due(2.0) == ["tool: next tool call of any trajectory hangs (cut at 3s)"]
+    assert [lf.arm(f) for f in lf.due(2.0)] == ["tool: next tool call of any trajectory hangs (cut at 3s)"]
     assert lf.take_hang("a") == 3.0 and lf.take_hang("a") is None  # one call per fault
-    assert lf.fire_due(9.0) == ["tool: next tool call of b hangs (cut at 3s)"] and lf.next_at() is None
+    assert [lf.arm(f) for f in lf.due(9.0)] == ["tool: next tool call of b hangs (cut at 3s)"]
+    assert lf.next_at() is None
     assert lf.take_hang("a") is None and lf.take_hang("b") == 3.0
     assert lf.cut(1.0) == 3.0 and lf.cut(4.0) == 4.0  # a call slower than the limit is not cut shorter
-    stats = lf.close()
+    stats = lf.close(10.0)
     assert (stats["faults"], stats["tool"], stats["tool_seconds_lost"], stats["armed_never_hit"]) == (2, 2, 2.0, 0)
+
+
+def test_live_sync_faults_arm_one_failure_at_a_time() -> None:
+    from rlsched.cluster.faults import Fault, FaultSchedule
+    from rlsched.real.live_faults import LiveFaults
+
+    lf = LiveFaults(FaultSchedule((Fault("sync", at=1.0), Fault("sync", at=2.0), Fault("sync", at=4.0)),
+                                  sync_retry_s=7.0))
+    assert not lf.take_sync_failure()  # nothing armed: the sync goes through
+    assert [lf.arm(f) for f in lf.due(3.0)] == [
+        "sync: next weight sync fails (retried after 7s)",
+        "sync: a weight-sync failure is already armed: no effect"]  # as simulated
+    assert lf.take_sync_failure() and not lf.take_sync_failure()  # one sync fails, its retry does not
+    [f] = lf.due(5.0)
+    lf.arm(f)
+    stats = lf.close(6.0)
+    assert (stats["faults"], stats["sync"], stats["without_effect"], stats["armed_never_hit"]) == (3, 3, 1, 1)
+
+
+def test_live_gpu_fault_targets_must_exist() -> None:
+    from rlsched.cluster.faults import Fault, FaultSchedule
+    from rlsched.real.live_faults import LiveFaults
+
+    with pytest.raises(ConfigError, match=r"gpu=2: the cluster has GPUs 0\.\.1"):
+        LiveFaults(FaultSchedule((Fault("gpu", at=1.0, gpu=2),)), gpus=2)
+    lf = LiveFaults(FaultSchedule((Fault("gpu", at=1.0, gpu=1, recover_s=3.0),)), gpus=2)
+    with pytest.raises(ValueError, match="acts at once"):
+        lf.arm(lf.due(1.0)[0])
+    lf.fail_since[1] = 2.0  # failed at t=2 and never recovered: counted to the end, as simulated
+    assert lf.close(10.0)["failed_gpu_seconds"] == 8.0
 
 
 def test_resume_of_a_simulated_run_is_refused_in_one_line(tmp_path, capsys) -> None:
