@@ -14,6 +14,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from rlsched.cluster.ids import Role
+from rlsched.cluster.loop.trainer_queue import MicroBatchJob, TrainerQueue
 from rlsched.cluster.state import ClusterState
 from rlsched.real.agent_loop import AgentTrajectory
 from rlsched.real.live_training import Training
@@ -34,8 +35,39 @@ class FakeLane:
         return self.jobs[-1][1]
 
 
+class FakeTrainerBackend:
+    """The live backend's trainer half, as ``real/live_backend.py`` wires it to ``Training``."""
+
+    def __init__(self, host: FakeHost) -> None:
+        self.h = host
+
+    def now(self) -> float:
+        return self.h.now()
+
+    def trainer_ready(self) -> bool:
+        return self.h.training.ready()
+
+    def start_job(self, job: Any) -> None:
+        self.h.training.start_job(job)
+
+    def trained_tokens(self, tids: list[str]) -> int:
+        return 0
+
+    def step_finished(self, trained: list[str]) -> None:
+        pass
+
+    def job_released(self) -> None:
+        pass
+
+
+class FakeLoop:
+    def __init__(self, trainer: TrainerQueue) -> None:
+        self.trainer = trainer
+
+
 class FakeHost:
-    """The few driver attributes ``Training`` reads; callbacks run when the test says."""
+    """The few driver attributes ``Training`` reads (the trainer queue above it is the
+    driver loop's real one); callbacks run when the test says."""
 
     def __init__(self) -> None:
         self.st = ClusterState(2, 1, [[("a", "t"), ("b", "t"), ("c", "t")]], 1)
@@ -49,6 +81,8 @@ class FakeHost:
         self.stats: dict[str, list] = {"micro_batch": [], "optimizer": []}
         self.calls: list[tuple[Future, Any]] = []
         self.events: list[Any] = []
+        self.training = Training(self)  # type: ignore[arg-type]
+        self.loop = FakeLoop(TrainerQueue(self.st, FakeTrainerBackend(self), self.emit))
 
     def now(self) -> float:
         return 1.0
@@ -72,27 +106,28 @@ class FakeHost:
         cb(fut.result())
 
 
-def _queued(tr: Training) -> list[tuple[str, tuple[str, ...]]]:
-    return list(tr._jobs)
+def _queued(h: FakeHost) -> list[tuple[str, tuple[str, ...]]]:
+    return [("micro", j.trajectories) if isinstance(j, MicroBatchJob) else ("optimizer", ())
+            for j in h.loop.trainer.jobs]
 
 
 def test_a_crash_requeues_the_steps_micro_batches_in_order_and_voids_the_running_job() -> None:
     h = FakeHost()
-    tr = Training(h)  # type: ignore[arg-type]
-    tr.queue_micro_batch(("a",))
-    tr.queue_micro_batch(("b",))
-    tr.queue_optimizer_step()
+    tr, q = h.training, h.loop.trainer
+    q.micro_batch(("a",))
+    q.micro_batch(("b",))
+    q.optimizer_step()
     tr.next_job()  # micro a runs
     h.deliver(0, {"seconds": 2.0})  # a done; micro b starts
     assert [type(e).__name__ for e in h.events] == ["MicroBatchFinished"] and tr.job_running
-    tr.queue_micro_batch(("c",))  # queued after the running job
+    q.micro_batch(("c",))  # queued after the running job
     lost = tr.abort_step()
     assert lost == 2.0 + 0.0  # a's 2 s on one GPU, b ran 0 s (the fake clock stands still)
-    assert _queued(tr) == [("micro", ("a",)), ("micro", ("b",)), ("optimizer", ()), ("micro", ("c",))]
+    assert _queued(h) == [("micro", ("a",)), ("micro", ("b",)), ("optimizer", ()), ("micro", ("c",))]
     assert h.st.queued_micro_batches == 3 and h.st.accumulated == [] and not tr.job_running
     h.deliver(1, {"seconds": 5.0})  # b's late reply from the crashed trainer: void
     assert len(h.events) == 1 and h.stats["micro_batch"] == [{"seconds": 2.0}]
     tr.next_job()  # the re-run starts with a, on the restarted trainer
-    assert h.lane.jobs[-1][0] == "micro" and _queued(tr)[0] == ("micro", ("b",))
+    assert h.lane.jobs[-1][0] == "micro" and _queued(h)[0] == ("micro", ("b",))
     h.deliver(2, {"seconds": 1.0})
     assert h.st.accumulated == ["a"]

@@ -52,7 +52,8 @@ def test_live_run_writes_the_simulated_layout_and_a_tensorboard_log(tiny_cache, 
     res = _rlsched("run", "--live", "--policy", POLICY, "--config", str(cfg), "--logger", "tensorboard",
                    "--out", str(out))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    res_sim = _rlsched("run", "--policy", POLICY, "--steps", "2", "--gpus", "2", "--tp", "1", "--out", str(sim))
+    res_sim = _rlsched("run", "--policy", POLICY, "--steps", "2", "--gpus", "2", "--tp", "1", "--out", str(sim),
+                   "--model", "none")  # (2 logical GPUs: the flat model, no trainer floor)
     assert res_sim.returncode == 0, res_sim.stderr[-2000:]
 
     # one layout, with and without --live

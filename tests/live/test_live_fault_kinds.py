@@ -75,7 +75,7 @@ def _simulated(tmp_path: Path, run_dir: Path, cfg: Path, name: str = "sim", poli
 
     sim = tmp_path / name
     res = _rlsched("run", "--policy", policy, "--config", str(cfg), "--trace", str(run_dir / "trace.parquet"),
-                   "--out", str(sim))
+                   "--out", str(sim), "--model", "none")  # (2 logical GPUs: no trainer floor)
     assert res.returncode == 0, res.stderr[-2000:]
     [sim_dir] = sorted((sim / "runs").iterdir())
     assert pd.read_csv(sim / "summary.csv")["lost_trajectories"][0] == 0
