@@ -98,6 +98,7 @@ class Training:
             "version": h.base + st.version + 1, "time": now, "trajectories": len(trained),
             "trained_tokens": int(sum(self.trained_tokens.get(t, 0) for t in trained)),
             "train_seconds": self._step_seconds, "max_staleness": int(stale),
+            **r.pop("learning", {}),  # live_record.LEARNING_COLUMNS (the lane's per-step figures)
         })
         self._step_seconds = 0.0
         self._accumulated = []
