@@ -154,3 +154,21 @@ def test_colocated_run_records_learning_figures_per_step(tiny_cache, tmp_path) -
     assert steps["loss"].iloc[0] == pytest.approx(expect, rel=1e-9)
     page = write_report([out], tmp_path / "report").read_text()
     assert "<h2>Learning</h2>" in page and (tmp_path / "report" / "learning.csv").is_file()
+
+
+def test_kl_reference_changes_nothing_in_training(tiny_model) -> None:
+    # in-process trainer ranks (no Ray): the frozen starting copy only adds figures
+    from rlsched.real.grpo import Sample
+    from rlsched.real.trainer_worker import TrainWorker
+
+    samples = [Sample(list(range(5, 25)), [0] * 5 + [1] * 15, 1.0, "g", reward=1.0),
+               Sample(list(range(30, 42)), [0] * 4 + [1] * 8, -1.0, "g", reward=0.0)]
+    with_ref, without = TrainWorker(str(tiny_model), seed=0, lr=1e-2), TrainWorker(str(tiny_model), seed=0, lr=1e-2,
+                                                                                     kl_reference=False)
+    a, b = with_ref.forward_backward(samples), without.forward_backward(samples)
+    assert a["loss_sum"] == b["loss_sum"] and a["kl_sum"] == 0.0 and "kl_sum" not in b  # version 0 is the start
+    assert a["ratio_min"] == a["ratio_max"] == 1.0 and a["ratio_sum"] == a["trained_tokens"]
+    with_ref.optimizer_step()
+    without.optimizer_step()
+    assert with_ref.digest() == without.digest()  # bit-identical weights and AdamW state
+    assert with_ref.forward_backward(samples)["kl_sum"] > 0  # one update later the policy has moved
