@@ -263,7 +263,7 @@ def plot_length_bias(length_bias: pd.DataFrame, *, ax: Axes | None = None) -> Ax
 
 
 LEARNING_PANELS = (  # (title, y label, [(column, line label)])
-    ("Mean reward of the trained trajectories (band: mean spread within a group)", "reward", [("reward_mean", "")]),
+    ("Mean reward of the trained trajectories (band: within-group spread)", "reward", [("reward_mean", "")]),
     ("Policy-gradient loss (token mean)", "loss", [("loss", "")]),
     ("KL to the starting policy (k3, token mean)", "KL (nats)", [("kl_to_start", "")]),
     ("Token staleness (trainer version - generating version)", "versions",
