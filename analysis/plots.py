@@ -262,6 +262,48 @@ def plot_length_bias(length_bias: pd.DataFrame, *, ax: Axes | None = None) -> Ax
     return ax
 
 
+LEARNING_PANELS = (  # (title, y label, [(column, line label)])
+    ("Mean reward of the trained trajectories (band: within-group spread)", "reward", [("reward_mean", "")]),
+    ("Policy-gradient loss (token mean)", "loss", [("loss", "")]),
+    ("KL to the starting policy (k3, token mean)", "KL (nats)", [("kl_to_start", "")]),
+    ("Token staleness (trainer version - generating version)", "versions",
+     [("token_staleness_mean", "mean"), ("token_staleness_max", "max")]),
+    ("PPO clip and behaviour-weight truncation", "share of trained tokens",
+     [("clip_fraction", "clipped"), ("truncated_fraction", "truncated")]),
+)
+
+
+@styled
+def plot_learning(learning: pd.DataFrame) -> Figure:
+    """Five panels against the optimizer step, one colour per policy: reward (with its
+    within-group spread as a band), loss, KL to the starting policy, token staleness,
+    clip / truncation fractions. ``learning``: :func:`rlsched.analysis.learning.learning_table`
+    rows with a ``policy`` column."""
+    fig = Figure(figsize=(9.0, 2.6 * len(LEARNING_PANELS)), layout="constrained")
+    axes = fig.subplots(len(LEARNING_PANELS), 1, sharex=True)
+    styles = ("-", "--")
+    for ax, (title, ylabel, lines) in zip(axes, LEARNING_PANELS, strict=True):
+        for i, (policy, df) in enumerate(learning.groupby("policy", sort=False)):
+            for j, (col, what) in enumerate(lines):
+                d = df.dropna(subset=[col])
+                if d.empty:
+                    continue
+                name = f"{policy} {what}".strip()
+                ax.plot(d["step"], d[col], linestyle=styles[j % 2], marker=POLICY_MARKERS[i % len(POLICY_MARKERS)],
+                        markersize=4, color=policy_color(i), label=name)
+                if col == "reward_mean" and d["reward_group_std"].notna().any():
+                    ax.fill_between(d["step"], d[col] - d["reward_group_std"].fillna(0.0),
+                                    d[col] + d["reward_group_std"].fillna(0.0), color=policy_color(i), alpha=0.15,
+                                    linewidth=0)
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        if ax.get_legend_handles_labels()[0]:
+            _legend(ax)
+    axes[-1].set_xlabel("step (version trained at)")
+    axes[-1].xaxis.get_major_locator().set_params(integer=True)
+    return fig
+
+
 def trajectory_lengths(trace: pd.DataFrame) -> pd.DataFrame:
     """Per trajectory of a trace: turns, context tokens (prompt + output), env seconds."""
     g = trace.groupby("trajectory_id", sort=False)

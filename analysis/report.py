@@ -5,7 +5,9 @@ mailed or opened offline. A tiny inline script marks the page (``data-images-ok`
 ``<html>``) once every image has decoded, which is how the tests check the page in a
 headless browser. Next to it: ``summary.csv`` (same columns and rows ``rlsched compare``
 writes), ``breakdown.csv``, ``bubbles.csv``, ``staleness.csv``, ``waste.csv``,
-``length_bias.csv``, ``step_times.csv``.
+``length_bias.csv``, ``step_times.csv`` -- and ``learning.csv`` when a run recorded
+learning figures (a live run: reward, loss, KL to the starting policy, token staleness,
+clipping per step; :mod:`.learning`), which is also when the page has a Learning section.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from rlsched.cluster.record import RunRecord, read_run
 
 from . import plots
 from .breakdown import breakdown, bubbles, sandbox_windows
+from .learning import learning_table
 from .load import load_run
 from .metrics import (
     SUMMARY_COLUMNS,
@@ -63,6 +66,7 @@ class Tables:
     length_bias: pd.DataFrame
     step_times: pd.DataFrame
     runs: tuple[RunInfo, ...] = ()
+    learning: pd.DataFrame | None = None  # per-step learning figures of the runs that have them
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -95,6 +99,10 @@ def run_tables(rec: RunRecord, name: str, run_dir: str, streamed: IntervalSummar
         out[key] = df
     out["bubbles"] = {**bubbles(rec, streamed), "policy": name}
     out["waste"] = {**waste_table(rec), "policy": name}
+    learning = learning_table(rec)
+    if not learning.empty:
+        learning.insert(0, "policy", name)
+        out["learning"] = learning
     return out
 
 
@@ -105,9 +113,11 @@ def _assemble(parts: Sequence[dict[str, Any]], runs: Sequence[RunInfo]) -> Table
     def cat(key: str) -> pd.DataFrame:
         return pd.concat([p[key] for p in parts], ignore_index=True)
 
+    learning = [p["learning"] for p in parts if "learning" in p]
     return Tables(
         summary, cat("breakdown"), pd.DataFrame([p["bubbles"] for p in parts]), cat("staleness"),
         pd.DataFrame([p["waste"] for p in parts]), cat("length_bias"), cat("step_times"), tuple(runs),
+        pd.concat(learning, ignore_index=True) if learning else None,
     )
 
 
@@ -282,6 +292,31 @@ def _config_section(runs: Sequence[RunInfo]) -> str:
     return "\n".join(parts)
 
 
+def _learning_section(learning: pd.DataFrame) -> str:
+    """Reward, loss, KL, staleness and clipping vs step, for the runs that recorded them."""
+    parts = ["<h2>Learning</h2>",
+             "<p class='note'>Per optimizer step, over the trajectories it trained: mean reward (band: mean "
+             "within-group spread), token-mean loss, k3 KL to the starting weights, token staleness, the share "
+             "of tokens the PPO clip or the behaviour-weight cap acted on; <code>learning.csv</code> has every "
+             "column, the importance ratio's mean/min/max too.</p>"]
+    rows = []
+    for policy, df in learning.groupby("policy", sort=False):
+        r = df.dropna(subset=["reward_mean"])
+        rows.append({"policy": policy, "steps": len(df),
+                     "first_reward": r["reward_mean"].iloc[0] if len(r) else float("nan"),
+                     "last_reward": r["reward_mean"].iloc[-1] if len(r) else float("nan"),
+                     "last5_reward": r["reward_mean"].tail(5).mean() if len(r) else float("nan"),
+                     "final_kl": df["kl_to_start"].dropna().iloc[-1] if df["kl_to_start"].notna().any() else float("nan"),
+                     "max_token_staleness": df["token_staleness_max"].max(),
+                     "clip_fraction": df["clip_fraction"].mean(),
+                     "ratio_min": df["ratio_min"].min(), "ratio_max": df["ratio_max"].max()})
+    parts.append(fmt_table(pd.DataFrame(rows), digits=3))
+    parts.append(_img(png_bytes(plots.plot_learning(learning)), "learning figures per step"))
+    parts.append("<details><summary>Learning figures per step (table)</summary>"
+                 + fmt_table(learning, digits=3) + "</details>")
+    return "\n".join(parts)
+
+
 def render_html(t: Tables, run_figures: dict[str, str], title: str) -> str:
     s = t.summary
     body: list[str] = [f"<h1>{html.escape(title)}</h1>"]
@@ -314,6 +349,8 @@ def render_html(t: Tables, run_figures: dict[str, str], title: str) -> str:
                 + fmt_table(pivot.reset_index(), digits=3, percent=list(t.names)) + "</details>")
     body.append("<h2>Steps</h2>")
     body.append(_img(png_bytes(plots.plot_step_times(t.step_times).figure), "time per optimizer step"))
+    if t.learning is not None:
+        body.append(_learning_section(t.learning))
     body.append("<h2>Per-run timelines</h2>")
     body.extend(run_figures.get(name, "") for name in t.names)
     body.append("<h2>Idle bubbles</h2><p class='note'>A bubble is a maximal stretch of one GPU's time with nothing generating or training.</p>")
@@ -361,6 +398,8 @@ def write_collected(t: Tables, figures: dict[str, str], out_dir: Path, *, title:
         "staleness.csv": t.staleness, "waste.csv": t.waste, "length_bias.csv": t.length_bias,
         "step_times.csv": t.step_times,
     }
+    if t.learning is not None:
+        csvs["learning.csv"] = t.learning
     for name, df in csvs.items():
         df.to_csv(out_dir / name, index=False)
     path = out_dir / "report.html"

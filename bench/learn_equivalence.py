@@ -19,7 +19,10 @@ prints and writes (``OUT/rewards.csv``, ``OUT/summary.csv``):
   still holds and the loss line says how far apart they are).
 
 A run directory that already holds a complete run is reused (``--rerun`` to redo it), so
-an interrupted experiment continues where it stopped.
+an interrupted experiment continues where it stopped -- and it can be run one seed or one
+policy at a time (``--seeds 1 --policies async-k1``), each call under its own lock, then
+summarised with ``--existing`` (tables of the complete runs found, the missing ones named,
+nothing run).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from rlsched.cluster.record import single_run_dir
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learning_curve import step_rewards
 
@@ -44,12 +49,20 @@ POLICIES = {
 }
 
 
-def run_one(spec: str, config: Path, steps: int, seed: int, out: Path, rerun: bool) -> dict:
-    meta_path = out / "meta.json"
-    if not rerun and meta_path.is_file():
+def complete_run(out: Path, steps: int) -> dict | None:
+    """The meta of a complete ``steps``-step run in ``out`` (``rlsched run``'s output folder
+    or the run record itself), else None."""
+    meta_path = single_run_dir(out) / "meta.json"
+    if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
         if meta.get("complete") and meta.get("steps_done") == steps:
             return meta
+    return None
+
+
+def run_one(spec: str, config: Path, steps: int, seed: int, out: Path, rerun: bool) -> dict:
+    if not rerun and (meta := complete_run(out, steps)) is not None:
+        return meta
     exe = Path(sys.executable).parent / "rlsched"  # the console script beside this interpreter
     cmd = [str(exe if exe.is_file() else "rlsched"), "run", "--policy", spec, "--live", "--config", str(config),
            "--steps", str(steps), "--seed", str(seed), "--out", str(out), "--force"]
@@ -58,11 +71,11 @@ def run_one(spec: str, config: Path, steps: int, seed: int, out: Path, rerun: bo
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise SystemExit(f"{' '.join(cmd)}\nfailed after {time.perf_counter() - t0:.0f}s: {tail}")
-    return json.loads(meta_path.read_text())
+    return json.loads((single_run_dir(out) / "meta.json").read_text())
 
 
 def trained_sets(run: Path) -> dict[int, set[tuple[str, int]]]:
-    tr = pd.read_parquet(run / "trajectories.parquet")
+    tr = pd.read_parquet(single_run_dir(run) / "trajectories.parquet")
     out: dict[int, set[tuple[str, int]]] = {}
     for row in tr.itertuples():
         out.setdefault(int(row.step), set()).add((str(row.trajectory), int(row.trained_version)))
@@ -91,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES), help=f"names from {', '.join(POLICIES)}")
     ap.add_argument("--loss-rtol", type=float, default=1e-4)
     ap.add_argument("--rerun", action="store_true")
+    ap.add_argument("--existing", action="store_true",
+                    help="run nothing: summarise the complete runs already in --out, name the missing ones")
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     names = args.policies.split(",")
@@ -99,13 +114,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--policies: unknown {unknown[0]!r}; expected names from {', '.join(POLICIES)}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    curves, summary, failures = [], [], []
+    curves, summary, failures, missing = [], [], [], []
     for seed in seeds:
         metas: dict[str, dict] = {}
         for name in names:
             run = args.out / f"{name}-s{seed}"
-            print(f"seed {seed}: {name} ({POLICIES[name]}) -> {run}", flush=True)
-            metas[name] = run_one(POLICIES[name], args.config, args.steps, seed, run, args.rerun)
+            if args.existing:
+                found = complete_run(run, args.steps)
+                if found is None:
+                    missing.append(f"{name}-s{seed}")
+                    continue
+                metas[name] = found
+            else:
+                print(f"seed {seed}: {name} ({POLICIES[name]}) -> {run}", flush=True)
+                metas[name] = run_one(POLICIES[name], args.config, args.steps, seed, run, args.rerun)
             c = step_rewards(run)
             c["policy"], c["seed"] = name, seed
             curves.append(c)
@@ -126,17 +148,24 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
             if worst > args.loss_rtol:
                 failures.append(line + f" > {args.loss_rtol:g}")
+    if not curves:
+        print(f"no complete {args.steps}-step run in {args.out}", file=sys.stderr)
+        return 2
     table = pd.concat(curves)
     wide = table.pivot_table(index="step", columns=["policy", "seed"], values="reward")
     wide.to_csv(args.out / "rewards.csv")
     sm = pd.DataFrame(summary)
     sm.to_csv(args.out / "summary.csv", index=False)
-    agg = sm.groupby("policy").agg(first5=("first5_reward", "mean"), last5=("last5_reward", "mean"),
+    agg = sm.groupby("policy", sort=False).agg(seeds=("seed", "size"), first5=("first5_reward", "mean"),
+                                   last5=("last5_reward", "mean"),
                                    last5_min=("last5_reward", "min"), last5_max=("last5_reward", "max"),
                                    wall_s=("wall_seconds", "mean"), tok_s=("tokens_per_second", "mean"))
     with pd.option_context("display.width", 200, "display.max_rows", 200, "display.precision", 3):
         print("\nmean reward by step (columns: policy, seed)\n" + wide.to_string())
-        print("\nper policy over seeds\n" + agg.to_string())
+        print("\nper run\n" + sm.to_string(index=False))
+        print("\nper policy over seeds (last5 spread: min..max over seeds)\n" + agg.to_string())
+    if missing:
+        print(f"\nnot run (no complete {args.steps}-step run): {', '.join(missing)}")
     for f in failures:
         print("NOT EQUIVALENT: " + f)
     return 1 if failures else 0

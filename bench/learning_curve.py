@@ -19,10 +19,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from rlsched.cluster.record import single_run_dir
+
 
 def step_rewards(run: Path) -> pd.DataFrame:
     """Per step: trajectories, mean reward, share of groups whose rewards vary."""
-    trace = pd.read_parquet(run / "trace.parquet")
+    trace = pd.read_parquet(single_run_dir(run) / "trace.parquet")
     per_traj = trace.groupby("trajectory_id").agg(step=("step", "first"), task=("task_id", "first"),
                                                   reward=("reward", "last"), turns=("turn", "size"))
     groups = per_traj.groupby(["step", "task"])["reward"].agg(lambda r: r.nunique() > 1)
@@ -34,7 +36,7 @@ def step_rewards(run: Path) -> pd.DataFrame:
 
 def trainer_figures(run: Path) -> pd.DataFrame:
     """Per micro-batch trainer figures, in order (one per step for colocated / async)."""
-    meta = json.loads((run / "meta.json").read_text())
+    meta = json.loads((single_run_dir(run) / "meta.json").read_text())
     rows = meta.get("measurements", {}).get("micro_batches", [])
     keys = ["loss", "stale_tokens", "trained_tokens", "mean_token_staleness", "truncated_fraction",
             "clip_fraction", "stale_log_ratio_mean"]
@@ -56,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--csv", type=Path)
     args = ap.parse_args(argv)
     tables = []
-    for run in args.runs:
+    for given in args.runs:
+        run = single_run_dir(given)  # a run record, or the output folder `rlsched run` wrote
         if not (run / "trace.parquet").is_file():
             print(f"{run}: no trace.parquet (not a live run directory)", file=sys.stderr)
             return 2

@@ -40,6 +40,9 @@ class Sample:
     # version minus the version that generated it; 0 for non-generated positions).
     behaviour_logprobs: list[float] | None = None
     staleness: list[int] | None = None
+    # The trajectory's reward (None: not known, e.g. a demonstration); for the run's
+    # learning figures only, the loss reads the advantage.
+    reward: float | None = None
 
     @property
     def trained_tokens(self) -> int:
@@ -129,6 +132,7 @@ def grpo_samples(
                 group=_group_of(traj),
                 behaviour_logprobs=behaviour,
                 staleness=staleness,
+                reward=float(traj.reward),
             )
         )
     return samples

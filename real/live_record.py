@@ -16,6 +16,7 @@ from rlsched.cluster.record import RunRecorder
 from rlsched.cluster.state import ClusterState
 
 from .agent_loop import AgentTrajectory
+from .learning_figures import LEARNING_COLUMNS
 from .live_recorder import MemoryRecorder, replace_durably
 
 RecorderLike = RunRecorder | MemoryRecorder
@@ -84,7 +85,14 @@ def trajectory_table(st: ClusterState, trajs: dict[str, AgentTrajectory], traine
 
 
 def steps_table(steps: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame(steps, columns=STEP_COLUMNS)
+    """The steps table: :data:`STEP_COLUMNS`, then the learning figures
+    (``learning_figures.LEARNING_COLUMNS``, float, NaN where a step has none) when the rows
+    carry them -- extra columns a reader of the run-record format may ignore."""
+    extra = [c for c in LEARNING_COLUMNS if any(c in row for row in steps)]
+    df = pd.DataFrame(steps, columns=STEP_COLUMNS + extra)
+    for c in extra:
+        df[c] = df[c].astype(np.float64)
+    return df
 
 
 def trace_frame(trajs: Iterable[AgentTrajectory], base: int = 0) -> pd.DataFrame:

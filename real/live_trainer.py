@@ -16,6 +16,11 @@ With ``checkpoints`` set, every optimizer step also saves the trainer (weights, 
 version) into that step's checkpoint folder before the step is reported, so the driver can
 make the step durable (``checkpoint.py``); ``restore`` is such a file, loaded when the
 trainer first starts in a resumed run.
+
+The lane also sums each step's learning figures (``learning_figures.StepLearning``: rewards
+of the trained samples, loss, KL to the starting policy, token staleness, clipping,
+importance ratios) and returns them with the optimizer step as ``learning``, a dict of
+``LEARNING_COLUMNS``; the training side merges it into the step's row.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from .learning_figures import StepLearning
 from .weights import WeightStore
 
 
@@ -45,6 +51,7 @@ class TrainerLane:
         self.pending_tokens = 0
         self.version = version
         self.first_version = version  # a restart before any step here starts from these weights
+        self.learning = StepLearning()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlsched-trainer")
 
     # ----------------------------------------------------------- membership
@@ -127,6 +134,7 @@ class TrainerLane:
             return {"samples": 0, "tokens": 0, "trained_tokens": 0, "seconds": 0.0}
         stats = self.group.train_micro_batch(samples)
         self.pending_tokens += int(stats.get("trained_tokens", 0))
+        self.learning.add(samples, stats)
         stats["seconds"] = time.perf_counter() - t0
         stats["version"] = self.version  # the weights it was trained at: its step's, for the record
         return stats
@@ -156,6 +164,7 @@ class TrainerLane:
             "version": self.version, "empty": empty, "step_seconds": t1 - t0,
             "export_seconds": t2 - t1, "nbytes": pub.nbytes,
             "checkpoint_seconds": time.perf_counter() - t2, "seconds": time.perf_counter() - t0,
+            "learning": self.learning.row(),
         }
 
     def shutdown(self) -> None:

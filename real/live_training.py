@@ -127,6 +127,9 @@ class Training:
             h.close_traj_env(tid)
         r = self._published
         assert r is not None  # (set by the optimizer job that ended this step)
+        # the lane's per-step learning figures join the step row the loop just wrote
+        # (live_record.LEARNING_COLUMNS), before anything reads it
+        h.loop.trainer.steps[-1].update(r.pop("learning", {}))
         h.rec.event(h.now(), "WeightsPublished", version=h.st.version,
                     detail=f"{r['nbytes']} bytes, export {r['export_seconds']:.3f}s")
 

@@ -132,6 +132,7 @@ def policy_gradient_loss_sum(
 def off_policy_loss_sum(
     logits: torch.Tensor, tokens: torch.Tensor, loss_mask: torch.Tensor, advantages: torch.Tensor,
     off: OffPolicyBatch, *, proximal_logprobs: torch.Tensor | None = None,
+    reference_logprobs: torch.Tensor | None = None,
     clip_eps: float = CLIP_EPS, behaviour_cap: float = BEHAVIOUR_CAP,
 ) -> tuple[torch.Tensor, int, dict[str, float]]:
     """Decoupled-PPO loss with a truncated behaviour weight (module docstring):
@@ -141,7 +142,11 @@ def off_policy_loss_sum(
     ``stale_tokens``, ``staleness_sum``, ``max_staleness``, ``weight_sum`` (behaviour
     weights after truncation), ``truncated_tokens`` (weight above the cap),
     ``clipped_tokens`` (PPO clip active), ``log_ratio_sum`` (``log pi_prox - log pi_behav``
-    over stale tokens: its mean estimates the KL between behaviour and current policy)."""
+    over stale tokens: its mean estimates the KL between behaviour and current policy),
+    ``ratio_sum`` / ``ratio_min`` / ``ratio_max`` (the importance ratio ``pi_prox / pi_behav``
+    before truncation; exactly 1 on-policy; min/max only when a token was trained) and, with
+    ``reference_logprobs`` (the starting policy's, aligned like :func:`token_logprobs`),
+    ``kl_sum`` (:func:`k3_kl_sum`)."""
     logp = token_logprobs(logits, tokens)
     mask = loss_mask[:, 1:]
     live = mask > 0
@@ -165,5 +170,22 @@ def off_policy_loss_sum(
         "truncated_tokens": float(((raw_w > behaviour_cap) & live).sum().item()),
         "clipped_tokens": float((clipped & live).sum().item()),
         "log_ratio_sum": float((log_w * stale).sum().item()),
+        "ratio_sum": float((raw_w * mask).sum().item()),
     }
+    if live.any():
+        stats["ratio_min"] = float(raw_w[live].min().item())
+        stats["ratio_max"] = float(raw_w[live].max().item())
+    if reference_logprobs is not None:
+        stats["kl_sum"] = float(k3_kl_sum(logp.detach(), reference_logprobs, mask).item())
     return loss, int(mask.sum().item()), stats
+
+
+def k3_kl_sum(logprobs: torch.Tensor, reference_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of ``KL(pi || pi_ref)`` summed over the masked tokens:
+    ``exp(d) - d - 1`` with ``d = log pi_ref - log pi`` per token. Unbiased for tokens
+    sampled from ``pi`` and never negative (k1, ``-d``, is unbiased too but goes negative
+    on single tokens; k2 is biased). Only sampled tokens' log-probabilities are needed, so
+    it costs one forward pass of the reference weights and no full-vocabulary softmax
+    comparison."""
+    d = (reference_logprobs.float() - logprobs.float()) * mask
+    return (torch.exp(d) - d - 1.0).mul(mask).sum()

@@ -57,10 +57,20 @@ def _default_resources(slot: int) -> dict:
 def _off_policy_stats(stats: Sequence[dict], trained: int) -> dict:
     """The ranks' off-policy sums (``pg_loss.off_policy_loss_sum``) as one micro-batch's
     figures: how many trained tokens were stale, by how much, how often the behaviour
-    weight was truncated or the PPO clip active, and the mean log behaviour ratio."""
+    weight was truncated or the PPO clip active, and the mean log behaviour ratio; the
+    importance ratio ``pi_prox / pi_behav`` before truncation (mean, min, max) and the mean
+    k3 KL to the starting policy per trained token (when the ranks computed it)."""
     total = {k: sum(r.get(k, 0.0) for r in stats) for k in
-             ("stale_tokens", "staleness_sum", "weight_sum", "truncated_tokens", "clipped_tokens", "log_ratio_sum")}
+             ("stale_tokens", "staleness_sum", "weight_sum", "truncated_tokens", "clipped_tokens", "log_ratio_sum",
+              "ratio_sum", "kl_sum")}
     stale = total["stale_tokens"]
+    mins = [r["ratio_min"] for r in stats if "ratio_min" in r]
+    maxs = [r["ratio_max"] for r in stats if "ratio_max" in r]
+    extra: dict = {}
+    if mins:
+        extra.update(ratio_mean=total["ratio_sum"] / max(trained, 1), ratio_min=min(mins), ratio_max=max(maxs))
+    if any("kl_sum" in r for r in stats):
+        extra["kl_to_start"] = total["kl_sum"] / max(trained, 1)
     return {
         "stale_tokens": int(stale),
         "max_token_staleness": int(max((r.get("max_staleness", 0.0) for r in stats), default=0.0)),
@@ -69,6 +79,7 @@ def _off_policy_stats(stats: Sequence[dict], trained: int) -> dict:
         "truncated_fraction": total["truncated_tokens"] / max(trained, 1),
         "clip_fraction": total["clipped_tokens"] / max(trained, 1),
         "stale_log_ratio_mean": total["log_ratio_sum"] / stale if stale else 0.0,
+        **extra,
     }
 
 

@@ -12,6 +12,17 @@ Every rank applies the same all-reduced gradient to the same weights with the sa
 state, so the ranks stay bit-identical without broadcasting weights after each step
 (``digest`` lets tests check it). New ranks get weights, optimizer state and version by
 broadcast from rank 0 when the group is re-formed.
+
+KL to the starting policy: each rank keeps a frozen copy of the weights it was built from
+(``model_dir``: the run's version 0, warm-started or not; a resumed or restarted trainer
+rebuilds it from the same folder, so it never drifts) and runs it forward on every trained
+chunk under ``no_grad``; the loss's stats then carry the k3 estimate of ``KL(pi || pi_0)``
+summed over the trained tokens (``pg_loss.k3_kl_sum``). Why this and not the behaviour
+log-probabilities of version-0 samples: those exist only for tokens generated at version
+0, i.e. for the first step's prompts, not for the tokens trained later, so they cannot
+estimate the KL on the current policy's samples. The copy costs one forward pass per
+chunk (about a third of a forward + backward) and one more set of weights;
+``kl_reference=False`` switches it off.
 """
 
 from __future__ import annotations
@@ -30,7 +41,14 @@ from .dp_group import DataParallelGroup, open_store
 from .grpo import Sample
 from .megatron_cpu import apply_cpu_workarounds, init_single_process_megatron
 from .megatron_model import build_gpt_model, gpt_logits, read_hf_config
-from .pg_loss import BEHAVIOUR_CAP, CLIP_EPS, collate, collate_behaviour, off_policy_loss_sum
+from .pg_loss import (
+    BEHAVIOUR_CAP,
+    CLIP_EPS,
+    collate,
+    collate_behaviour,
+    off_policy_loss_sum,
+    token_logprobs,
+)
 
 CHECKPOINT_FORMAT = "rlsched-trainer-v1"
 
@@ -65,6 +83,7 @@ class TrainWorker:
         host: str = "127.0.0.1",
         clip_eps: float = CLIP_EPS,
         behaviour_cap: float = BEHAVIOUR_CAP,
+        kl_reference: bool = True,
     ) -> None:
         torch.set_num_threads(threads)
         self.cpu_workarounds = apply_cpu_workarounds()
@@ -78,7 +97,18 @@ class TrainWorker:
         self.model = build_gpt_model(self.config).to(self.device)
         self.names = [name for name, _ in self.model.named_parameters()]
         self.params = [p for _, p in self.model.named_parameters()]
-        self._set_megatron_weights(hf_to_megatron(load_hf_weights(model_dir), self.shape))
+        start_state = hf_to_megatron(load_hf_weights(model_dir), self.shape)
+        self._set_megatron_weights(start_state)
+        self.reference: torch.nn.Module | None = None
+        if kl_reference:
+            with torch.random.fork_rng(devices=[]):  # building it must not shift the training RNG
+                self.reference = build_gpt_model(self.config).to(self.device)
+            with torch.no_grad():
+                for name, p in self.reference.named_parameters():
+                    p.copy_(start_state[name])
+                    p.requires_grad_(False)
+            self.reference.eval()
+        del start_state
         self.max_grad_norm = max_grad_norm
         self.max_tokens_per_forward = max_tokens_per_forward
         self.clip_eps, self.behaviour_cap = clip_eps, behaviour_cap
@@ -213,7 +243,12 @@ class TrainWorker:
             trained += n
             padded += numel
             for k, v in stats.items():
-                totals[k] = max(totals.get(k, 0.0), v) if k == "max_staleness" else totals.get(k, 0.0) + v
+                if k in ("max_staleness", "ratio_max"):
+                    totals[k] = max(totals.get(k, v), v)
+                elif k == "ratio_min":
+                    totals[k] = min(totals.get(k, v), v)
+                else:
+                    totals[k] = totals.get(k, 0.0) + v
         self.pending_tokens += trained
         return {
             "loss_sum": loss_total,
@@ -228,7 +263,12 @@ class TrainWorker:
         """The off-policy-corrected loss sum of one forward pass (``pg_loss.py``)."""
         tokens, mask, advantages = (t.to(self.device) for t in collate(chunk))
         off = collate_behaviour(chunk).to(self.device)
+        reference = None
+        if self.reference is not None:
+            with torch.no_grad():
+                reference = token_logprobs(gpt_logits(self.reference, tokens), tokens)
         loss, n, stats = off_policy_loss_sum(gpt_logits(self.model, tokens), tokens, mask, advantages, off,
+                                             reference_logprobs=reference,
                                              clip_eps=self.clip_eps, behaviour_cap=self.behaviour_cap)
         return loss, n, stats, tokens.numel()
 

@@ -8,7 +8,10 @@
 * under one-step-stale ``async`` training, stale tokens are weighted against their
   recorded behaviour log-probabilities;
 * with staleness 0 every trained token is on-policy: behaviour weight exactly 1, nothing
-  truncated or clipped.
+  truncated or clipped;
+* a colocated run's steps table carries the per-step learning figures (reward and its
+  spread, loss, KL to the starting policy, token staleness, clip fraction, importance
+  ratio), on-policy values exactly, and its report shows a Learning section.
 """
 
 from __future__ import annotations
@@ -105,6 +108,15 @@ def test_stale_tokens_are_weighted_by_their_recorded_behaviour(tiny_cache, tmp_p
     # their recorded behaviour log-probabilities (a finite log ratio, mostly untruncated)
     stale = [b for b in batches[1:] if b["stale_tokens"] > 0]
     assert stale, "async k=1 trained no stale token"
+    import pandas as pd
+
+    steps = pd.read_parquet(tmp_path / "stale" / "steps.parquet")
+    # the steps table says the same per step: the first step trains version-0 tokens at
+    # version 0, every later one what the engines generated one version behind
+    assert steps["token_staleness_max"].iloc[0] == 0 and (steps["token_staleness_max"].iloc[1:] == 1).all()
+    assert (steps["token_staleness_mean"].iloc[1:] > 0).all() and steps["token_staleness_mean"].max() <= 1
+    later = steps.iloc[1:]
+    assert (later["ratio_min"] > 0).all() and (later["ratio_max"] > later["ratio_min"]).all()  # real ratios, not 1
     assert all(b["max_token_staleness"] <= 1 and math.isfinite(b["stale_log_ratio_mean"]) for b in stale)
     assert max(b["truncated_fraction"] for b in batches) < 0.5
     assert any(b["mean_behaviour_weight"] != 1.0 for b in stale)  # the recorded behaviour acted
@@ -118,3 +130,49 @@ def test_on_policy_training_has_unit_ratio_and_no_clipping(tiny_cache, tmp_path)
         assert b["stale_tokens"] == 0 and b["max_token_staleness"] == 0
         assert b["mean_behaviour_weight"] == 1.0  # exactly: on-policy tokens are not reweighted
         assert b["truncated_fraction"] == 0.0 and b["clip_fraction"] == 0.0
+
+
+def test_colocated_run_records_learning_figures_per_step(tiny_cache, tmp_path) -> None:
+    import pandas as pd
+
+    from rlsched.analysis.report import write_report
+    from rlsched.real.learning_figures import LEARNING_COLUMNS
+
+    out, meta = _run("colocated", 2, tmp_path / "colo", tiny_cache)
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert list(steps.columns[-len(LEARNING_COLUMNS):]) == LEARNING_COLUMNS
+    assert steps[LEARNING_COLUMNS].notna().all().all(), steps.to_string()
+    assert ((steps["reward_mean"] >= 0) & (steps["reward_mean"] <= 1)).all()
+    assert steps["groups_varying"].iloc[0] > 0 and steps["reward_group_std"].iloc[0] > 0
+    # on-policy colocated: the importance ratio is exactly 1, nothing clipped, truncated or stale
+    assert (steps["ratio_mean"] == 1.0).all() and (steps["ratio_min"] == 1.0).all() and (steps["ratio_max"] == 1.0).all()
+    assert (steps["clip_fraction"] == 0.0).all() and (steps["truncated_fraction"] == 0.0).all()
+    assert (steps["token_staleness_max"] == 0).all()
+    # the first step trains the starting weights themselves: KL 0; after one update it is positive
+    assert steps["kl_to_start"].iloc[0] == pytest.approx(0.0, abs=1e-6)
+    assert steps["kl_to_start"].iloc[1] > 0
+    # the loss column is the micro-batches' token-mean loss of the step
+    b = meta["measurements"]["micro_batches"]
+    first = [x for x in b if x["version"] == 0 and x["trained_tokens"]]
+    expect = sum(x["loss"] * x["trained_tokens"] for x in first) / sum(x["trained_tokens"] for x in first)
+    assert steps["loss"].iloc[0] == pytest.approx(expect, rel=1e-9)
+    page = write_report([out], tmp_path / "report").read_text()
+    assert "<h2>Learning</h2>" in page and (tmp_path / "report" / "learning.csv").is_file()
+
+
+def test_kl_reference_changes_nothing_in_training(tiny_model) -> None:
+    # in-process trainer ranks (no Ray): the frozen starting copy only adds figures
+    from rlsched.real.grpo import Sample
+    from rlsched.real.trainer_worker import TrainWorker
+
+    samples = [Sample(list(range(5, 25)), [0] * 5 + [1] * 15, 1.0, "g", reward=1.0),
+               Sample(list(range(30, 42)), [0] * 4 + [1] * 8, -1.0, "g", reward=0.0)]
+    with_ref, without = TrainWorker(str(tiny_model), seed=0, lr=1e-2), TrainWorker(str(tiny_model), seed=0, lr=1e-2,
+                                                                                     kl_reference=False)
+    a, b = with_ref.forward_backward(samples), without.forward_backward(samples)
+    assert a["loss_sum"] == b["loss_sum"] and a["kl_sum"] == 0.0 and "kl_sum" not in b  # version 0 is the start
+    assert a["ratio_min"] == a["ratio_max"] == 1.0 and a["ratio_sum"] == a["trained_tokens"]
+    with_ref.optimizer_step()
+    without.optimizer_step()
+    assert with_ref.digest() == without.digest()  # bit-identical weights and AdamW state
+    assert with_ref.forward_backward(samples)["kl_sum"] > 0  # one update later the policy has moved
