@@ -1,7 +1,7 @@
 """How a live run learned, per optimizer step: the learning figures its steps table carries.
 
 A live run's trainer writes them as extra columns of ``steps.parquet`` (after the
-run-record format's own; ``rlsched.real.learning_figures`` makes them): the mean reward of
+run-record format's own; ``rlsched.real.train.learning_figures`` makes them): the mean reward of
 the trajectories each step trained and its spread within GRPO groups, the loss, the k3 KL
 to the starting policy, per-token staleness, the PPO clip and truncation fractions and the
 importance-ratio range. Read by column name here, so the analysis never imports ``real/``;
@@ -15,7 +15,7 @@ import pandas as pd
 
 from rlsched.cluster.record import RunRecord
 
-# the columns the live trainer writes (rlsched.real.learning_figures.LEARNING_COLUMNS)
+# the columns the live trainer writes (rlsched.real.train.learning_figures.LEARNING_COLUMNS)
 LEARNING_COLUMNS = (
     "reward_mean", "reward_group_std", "groups_varying", "loss", "kl_to_start",
     "token_staleness_mean", "token_staleness_max", "clip_fraction", "truncated_fraction",

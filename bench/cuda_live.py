@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlsched.cluster.config import RunConfig
     from rlsched.policies import make_policy_and_spec
-    from rlsched.real.driver import run_live
+    from rlsched.real.run import run_live
 
     live = {
         "model": str(args.model), "env": args.env, "tasks_per_step": args.tasks_per_step,

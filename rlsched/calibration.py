@@ -1,6 +1,6 @@
 """``rlsched calibrate``'s composition: live measurements in, a fitted cost model out.
 
-The live backend (:mod:`rlsched.real.calibrate`) measures and the simulator's cost model
+The live backend (:mod:`rlsched.real.calibrate.run`) measures and the simulator's cost model
 (:mod:`rlsched.sim.calibration`) is fitted to the measurements; the drivers never import
 each other, so the two meet here, as everything else does in the command-line package.
 """

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from rlsched.cluster.errors import LiveBackendError
-from rlsched.real.engine import EngineSettings, TurnRequest, VllmEngine
+from rlsched.real.rollout.engine import EngineSettings, TurnRequest, VllmEngine
 
 
 @dataclass

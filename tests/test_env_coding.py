@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from rlsched.cluster.errors import ConfigError, InvariantViolation
-from rlsched.real.coding_tasks import load_task, load_tasks
-from rlsched.real.env import Environment, StepResult, make_environment
-from rlsched.real.env_coding import ActionError, Run, Submit, Write, parse_actions
-from rlsched.real.sandbox import Limits
+from rlsched.real.envs.base import Environment, StepResult, make_environment
+from rlsched.real.envs.coding import ActionError, Run, Submit, Write, parse_actions
+from rlsched.real.envs.coding_tasks import load_task, load_tasks
+from rlsched.real.envs.sandbox import Limits
 
 FAST = Limits(cpu_seconds=1, wall_seconds=10, memory_bytes=512 << 20)
 

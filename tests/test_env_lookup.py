@@ -8,8 +8,9 @@ import random
 import pytest
 
 from rlsched.cluster.errors import ConfigError, InvariantViolation
-from rlsched.real.env import Environment, make_environment
-from rlsched.real.env_lookup import (
+from rlsched.real.config import LiveSettings
+from rlsched.real.envs.base import Environment, make_environment
+from rlsched.real.envs.lookup import (
     WORDS,
     LookupEnvironment,
     demonstrations,
@@ -18,7 +19,6 @@ from rlsched.real.env_lookup import (
     parse_command,
     read_command,
 )
-from rlsched.real.live_config import LiveSettings
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def test_warm_start_settings_are_checked() -> None:
 
 
 def test_a_warm_start_needs_an_environment_with_demonstrations(tmp_path) -> None:
-    from rlsched.real.warm_start import warm_start
+    from rlsched.real.train.warm_start import warm_start
 
     s = LiveSettings.from_config({"env": "coding", "warm_start_steps": 10})
     with pytest.raises(ConfigError, match="environment 'coding' has no demonstrations"):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from rlsched.cluster.errors import InvariantViolation
-from rlsched.real.grpo import Sample, group_advantages, grpo_samples
+from rlsched.real.train.grpo import Sample, group_advantages, grpo_samples
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def test_samples_carry_per_token_staleness_against_the_trainer_version():
 
 
 def _logits_and_batch(torch, stale_version_gap: int = 0):
-    from rlsched.real.pg_loss import collate, collate_behaviour
+    from rlsched.real.train.pg_loss import collate, collate_behaviour
 
     torch.manual_seed(0)
     vocab, n = 11, 7
@@ -123,7 +123,7 @@ def _logits_and_batch(torch, stale_version_gap: int = 0):
 
 def test_on_policy_samples_give_exactly_the_plain_policy_gradient():
     torch = pytest.importorskip("torch")
-    from rlsched.real.pg_loss import off_policy_loss_sum, policy_gradient_loss_sum
+    from rlsched.real.train.pg_loss import off_policy_loss_sum, policy_gradient_loss_sum
 
     _, tokens, mask, adv, off, base = _logits_and_batch(torch, stale_version_gap=0)
     plain_logits = base.clone().requires_grad_(True)
@@ -140,7 +140,7 @@ def test_on_policy_samples_give_exactly_the_plain_policy_gradient():
 
 def test_stale_tokens_are_weighted_by_their_recorded_behaviour_logprobs():
     torch = pytest.importorskip("torch")
-    from rlsched.real.pg_loss import off_policy_loss_sum, token_logprobs
+    from rlsched.real.train.pg_loss import off_policy_loss_sum, token_logprobs
 
     samples, tokens, mask, adv, off, base = _logits_and_batch(torch, stale_version_gap=2)
     cap = 1e9  # no truncation: the weight must be exactly exp(log p_now - log p_behaviour)
@@ -161,7 +161,7 @@ def test_stale_tokens_are_weighted_by_their_recorded_behaviour_logprobs():
     # the recorded behaviour matters: other recorded values give another gradient
     shifted = [Sample(s.token_ids, s.loss_mask, s.advantage, s.group,
                       [x - 0.5 for x in s.behaviour_logprobs], s.staleness) for s in samples]
-    from rlsched.real.pg_loss import collate_behaviour
+    from rlsched.real.train.pg_loss import collate_behaviour
 
     other = base.clone().requires_grad_(True)
     off_policy_loss_sum(other, tokens, mask, adv, collate_behaviour(shifted), behaviour_cap=cap)[0].backward()
@@ -170,7 +170,7 @@ def test_stale_tokens_are_weighted_by_their_recorded_behaviour_logprobs():
 
 def test_behaviour_weight_is_truncated_and_ppo_clip_acts_against_a_proximal_policy():
     torch = pytest.importorskip("torch")
-    from rlsched.real.pg_loss import OffPolicyBatch, off_policy_loss_sum, token_logprobs
+    from rlsched.real.train.pg_loss import OffPolicyBatch, off_policy_loss_sum, token_logprobs
 
     _, tokens, mask, adv, off, base = _logits_and_batch(torch, stale_version_gap=1)
     logp = token_logprobs(base, tokens)
@@ -191,7 +191,7 @@ def test_behaviour_weight_is_truncated_and_ppo_clip_acts_against_a_proximal_poli
 
 def test_a_stale_token_without_behaviour_logprob_is_refused():
     pytest.importorskip("torch")
-    from rlsched.real.pg_loss import collate_behaviour
+    from rlsched.real.train.pg_loss import collate_behaviour
 
     s = Sample([1, 2, 3], [0, 1, 1], 1.0, "g", [math.nan, math.nan, -0.2], [0, 1, 1])
     with pytest.raises(InvariantViolation, match="no behaviour log-probability"):

@@ -1,5 +1,5 @@
 """Per-step learning figures of live runs: the trainer lane's aggregation
-(``real/learning_figures.py``), the loss's KL / importance-ratio stats (``pg_loss``), the
+(``real/train/learning_figures.py``), the loss's KL / importance-ratio stats (``pg_loss``), the
 steps table's extra columns, and the report's Learning section on a synthetic run record."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from rlsched.analysis.learning import LEARNING_COLUMNS as ANALYSIS_COLUMNS
 from rlsched.analysis.learning import learning_table
 from rlsched.analysis.load import load_run
 from rlsched.analysis.report import write_report
-from rlsched.real.learning_figures import LEARNING_COLUMNS, StepLearning, reward_figures
+from rlsched.real.train.learning_figures import LEARNING_COLUMNS, StepLearning, reward_figures
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def test_step_learning_weights_micro_batches_by_trained_tokens_and_resets():
 
 def test_steps_table_gains_learning_columns_only_when_rows_have_them():
     pytest.importorskip("torch")  # live_record imports the live package's modules
-    from rlsched.real.live_record import STEP_COLUMNS, steps_table
+    from rlsched.real.record.tables import STEP_COLUMNS, steps_table
 
     base = {"version": 1, "time": 1.0, "trajectories": 2, "trained_tokens": 5, "train_seconds": 0.1,
             "max_staleness": 0}
@@ -77,8 +77,8 @@ def test_steps_table_gains_learning_columns_only_when_rows_have_them():
 
 def test_k3_kl_and_importance_ratio_stats_of_the_loss():
     torch = pytest.importorskip("torch")
-    from rlsched.real.grpo import Sample
-    from rlsched.real.pg_loss import (
+    from rlsched.real.train.grpo import Sample
+    from rlsched.real.train.pg_loss import (
         collate,
         collate_behaviour,
         k3_kl_sum,

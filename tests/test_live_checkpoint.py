@@ -12,9 +12,9 @@ import pytest
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import ConfigError
 from rlsched.cluster.record import read_run
-from rlsched.real import checkpoint
-from rlsched.real.live_config import LiveSettings
-from rlsched.real.live_recorder import MemoryRecorder
+from rlsched.real.config import LiveSettings
+from rlsched.real.loop import checkpoint
+from rlsched.real.record.recorder import MemoryRecorder
 
 STEP_COLS = ["version", "time", "trajectories", "trained_tokens", "train_seconds", "max_staleness"]
 

@@ -16,8 +16,8 @@ from typing import Any
 from rlsched.cluster.ids import Role
 from rlsched.cluster.loop.trainer_queue import MicroBatchJob, TrainerQueue
 from rlsched.cluster.state import ClusterState
-from rlsched.real.agent_loop import AgentTrajectory
-from rlsched.real.live_training import Training
+from rlsched.real.loop.training import Training
+from rlsched.real.rollout.agent_loop import AgentTrajectory
 
 
 class FakeLane:
@@ -36,7 +36,7 @@ class FakeLane:
 
 
 class FakeTrainerBackend:
-    """The live backend's trainer half, as ``real/live_backend.py`` wires it to ``Training``."""
+    """The live backend's trainer half, as ``real/loop/backend.py`` wires it to ``Training``."""
 
     def __init__(self, host: FakeHost) -> None:
         self.h = host

@@ -13,7 +13,7 @@ from rlsched.cli.run import find_live_run, prepare_live_out
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import ConfigError
 from rlsched.config import parse_config
-from rlsched.real.live_config import refuse_unsupported
+from rlsched.real.config import refuse_unsupported
 
 
 def _manifest(d) -> None:
@@ -70,7 +70,7 @@ def test_processor_and_faults_are_refused_in_one_line() -> None:
 
 def test_live_tool_faults_arm_at_their_time_and_hit_the_next_call() -> None:
     from rlsched.cluster.faults import Fault, FaultSchedule
-    from rlsched.real.live_faults import LiveFaults
+    from rlsched.real.loop.faults import LiveFaults
 
     lf = LiveFaults(FaultSchedule((Fault("tool", at=5.0, trajectory="b"), Fault("tool", at=1.0)), tool_timeout_s=3.0))
     assert lf.next_at() == 1.0 and lf.due(0.5) == []
@@ -87,7 +87,7 @@ def test_live_tool_faults_arm_at_their_time_and_hit_the_next_call() -> None:
 
 def test_live_sync_faults_arm_one_failure_at_a_time() -> None:
     from rlsched.cluster.faults import Fault, FaultSchedule
-    from rlsched.real.live_faults import LiveFaults
+    from rlsched.real.loop.faults import LiveFaults
 
     lf = LiveFaults(FaultSchedule((Fault("sync", at=1.0), Fault("sync", at=2.0), Fault("sync", at=4.0)),
                                   sync_retry_s=7.0))
@@ -104,7 +104,7 @@ def test_live_sync_faults_arm_one_failure_at_a_time() -> None:
 
 def test_live_gpu_fault_targets_must_exist() -> None:
     from rlsched.cluster.faults import Fault, FaultSchedule
-    from rlsched.real.live_faults import LiveFaults
+    from rlsched.real.loop.faults import LiveFaults
 
     with pytest.raises(ConfigError, match=r"gpu=2: the cluster has GPUs 0\.\.1"):
         LiveFaults(FaultSchedule((Fault("gpu", at=1.0, gpu=2),)), gpus=2)
@@ -117,7 +117,7 @@ def test_live_gpu_fault_targets_must_exist() -> None:
 
 def test_resume_of_a_simulated_run_is_refused_in_one_line(tmp_path, capsys) -> None:
     from rlsched.cli import main
-    from rlsched.real.checkpoint import read_manifest
+    from rlsched.real.loop.checkpoint import read_manifest
 
     out = tmp_path / "sim"
     assert main(["run", "--policy", "colocated", "--steps", "1", "--gpus", "4", "--tp", "1",

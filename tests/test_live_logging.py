@@ -1,4 +1,4 @@
-"""Live metrics for dashboards (``real/live_logging.py``): the scalars of one step, and a
+"""Live metrics for dashboards (``real/record/dashboards.py``): the scalars of one step, and a
 TensorBoard event file that tensorboard's own reader reads back (issue #27 item 5)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from rlsched.cluster.config import LoggingConfig
 from rlsched.cluster.errors import ConfigError
-from rlsched.real.live_logging import (
+from rlsched.real.record.dashboards import (
     StepSample,
     check_available,
     loss_of,
@@ -67,7 +67,7 @@ def test_tensorboard_event_file_reads_back(tmp_path) -> None:
     pytest.importorskip("tensorboard", reason="the [logging] extra (tensorboard) is not installed")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from rlsched.real.live_logging import open_loggers
+    from rlsched.real.record.dashboards import open_loggers
 
     [tb] = open_loggers(LoggingConfig(logger=("tensorboard",)), tmp_path / "run")
     tb.log(step_scalars(_sample(version=1)), 1)
@@ -82,7 +82,7 @@ def test_tensorboard_event_file_reads_back(tmp_path) -> None:
 
 def test_wandb_writes_an_offline_run(tmp_path, monkeypatch) -> None:
     pytest.importorskip("wandb", reason="wandb is not installed (it is optional: pip install wandb)")
-    from rlsched.real.live_logging import open_loggers
+    from rlsched.real.record.dashboards import open_loggers
 
     monkeypatch.setenv("WANDB_SILENT", "true")
     [wb] = open_loggers(LoggingConfig(logger=("wandb",), project="t"), tmp_path / "00-async", config={"gpus": 2})

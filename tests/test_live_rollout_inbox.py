@@ -1,6 +1,6 @@
 """The live driver's rollout side feeds engines without waiting for their running call.
 
-Logic above the engine actors and environments (``real/live_rollout.py``): which turns go
+Logic above the engine actors and environments (``real/loop/rollout.py``): which turns go
 to a running ``step`` call through ``submit``, when a new call is started, and what an
 abort that crosses a finished turn does. ``FakeActor`` records the calls a Ray engine actor
 would get and ``FakeHost`` stands in for the live driver's clock, recorder and environment
@@ -16,10 +16,10 @@ from typing import Any
 
 from rlsched.cluster.ids import TrajStatus
 from rlsched.cluster.state import ClusterState, EngineState
-from rlsched.real.agent_loop import AgentTrajectory, ChatFormat
-from rlsched.real.engine import INBOX, StepReport, TurnOutput
-from rlsched.real.live_config import LiveSettings
-from rlsched.real.live_rollout import EngineHandle, Rollout
+from rlsched.real.config import LiveSettings
+from rlsched.real.loop.rollout import EngineHandle, Rollout
+from rlsched.real.rollout.agent_loop import AgentTrajectory, ChatFormat
+from rlsched.real.rollout.engine import INBOX, StepReport, TurnOutput
 
 
 class _Method:

@@ -283,8 +283,8 @@ def test_legal_moves_pass():
 
 
 def test_the_live_driver_refuses_move_in_one_line():
-    from rlsched.real.live_backend import LiveBackend
-    from rlsched.real.live_driver import LiveDriver
+    from rlsched.real.loop.backend import LiveBackend
+    from rlsched.real.loop.driver import LiveDriver
 
     backend = LiveBackend(object.__new__(LiveDriver))  # (move touches no driver state)
     with pytest.raises(PolicyError, match=r"^Move: the live driver cannot move trajectories") as err:

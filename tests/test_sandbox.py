@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from rlsched.cluster.errors import LiveBackendError
-from rlsched.real.sandbox import Limits, PathRefused, Sandbox, probe_isolation, safe_relpath
+from rlsched.real.envs.sandbox import Limits, PathRefused, Sandbox, probe_isolation, safe_relpath
 
 FAST = Limits(cpu_seconds=1, wall_seconds=10, memory_bytes=256 << 20, file_bytes=1 << 20, processes=16)
 
@@ -125,7 +125,7 @@ def test_output_is_capped():
 
 def test_background_and_forked_processes_do_not_survive(box):
     _needs("root")
-    from rlsched.real.sandbox import _has_processes
+    from rlsched.real.envs.sandbox import _has_processes
 
     assert box.run("sleep 60 & echo started").ok
     assert not _has_processes(box.uid)

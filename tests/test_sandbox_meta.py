@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from rlsched.cluster.errors import ConfigError
-from rlsched.real.live_config import LiveSettings
-from rlsched.real.sandbox import LIVE_MINIMUM, probe_guarantees, sandbox_meta
+from rlsched.real.config import LiveSettings
+from rlsched.real.envs.sandbox import LIVE_MINIMUM, probe_guarantees, sandbox_meta
 
 
 def test_meta_lists_every_guarantee_and_what_is_missing() -> None:

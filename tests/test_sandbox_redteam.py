@@ -1,5 +1,5 @@
 """The sandbox tried as a hostile agent would (issue 26): one test per attack class and per
-promise of ``real/sandbox.py``'s guarantee table, each asserting the outcome.
+promise of ``real/envs/sandbox.py``'s guarantee table, each asserting the outcome.
 
 Everything runs real processes in real sandboxes. Tests of a guarantee that only the
 bubblewrap mode gives (it needs root and the ``bubblewrap`` package) are skipped with the
@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 
 from rlsched.cluster.errors import InvariantViolation, LiveBackendError
-from rlsched.real import sandbox as sbx
-from rlsched.real.coding_tasks import TASKS_DIR, load_tasks
-from rlsched.real.env import Guarded, StepResult, make_environment
-from rlsched.real.grader import decide, plan_tests
-from rlsched.real.sandbox import Guarantees, Limits, Sandbox, probe_guarantees, probe_isolation
+from rlsched.real.envs import sandbox as sbx
+from rlsched.real.envs.base import Guarded, StepResult, make_environment
+from rlsched.real.envs.coding_tasks import TASKS_DIR, load_tasks
+from rlsched.real.envs.grader import decide, plan_tests
+from rlsched.real.envs.sandbox import Guarantees, Limits, Sandbox, probe_guarantees, probe_isolation
 
 FAST = Limits(cpu_seconds=2, wall_seconds=15, memory_bytes=256 << 20, file_bytes=4 << 20, processes=32)
 FACTORIAL = "def factorial(n):\n    out = 1\n    for i in range(2, n + 1):\n        out *= i\n    return out\n"

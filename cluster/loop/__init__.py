@@ -24,7 +24,7 @@ the backend -- *how* the work is done and how long it takes:
     ``trainer_ready``, ``start_job``, ``trained_tokens``, ``step_finished`` and
     ``job_released``. The simulator's (``rlsched.sim.backend.SimBackend``) charges seconds
     from the cost model on the SimPy clock; the live driver's
-    (``rlsched.real.live_backend.LiveBackend``) submits to vLLM engines, the Megatron
+    (``rlsched.real.loop.backend.LiveBackend``) submits to vLLM engines, the Megatron
     trainer lane and the sandboxes on the wall clock. Work that completes later comes
     back as events (``DriverLoop.emit``) and job reports.
 ``recording``

@@ -4,7 +4,7 @@ can execute the policy contract on it.
 The loop owns the meaning of every command (legality, record, the state changes the
 contract defines, the trainer queue); a backend owns only *how* the work happens and how
 long it takes. The simulator (``rlsched.sim.backend``) charges seconds from its cost model
-on a SimPy clock; the live driver (``rlsched.real.live_backend``) submits to vLLM engines,
+on a SimPy clock; the live driver (``rlsched.real.loop.backend``) submits to vLLM engines,
 the Megatron trainer lane and sandboxes on the wall clock. Work that completes later is
 reported back through the loop: events through :meth:`DriverLoop.emit
 <rlsched.cluster.loop.driver_loop.DriverLoop.emit>`, trainer jobs through

@@ -45,9 +45,9 @@ def calibrate_cmd(
         return
     cfg = load_config(config) if config is not None else ConfigFile()
     try:
-        from rlsched.real.calibrate import calibrate
-        from rlsched.real.calibrate_bench import BenchPlan
-        from rlsched.real.live_config import LiveSettings
+        from rlsched.real.calibrate.bench import BenchPlan
+        from rlsched.real.calibrate.run import calibrate
+        from rlsched.real.config import LiveSettings
     except ImportError as exc:
         raise ConfigError(f"the live backend is not available ({exc}); install it with .ci/install-live") from None
     run = cfg.run if config is not None else cfg.run.with_overrides(gpus=2, tp=1)

@@ -146,7 +146,7 @@ def run_cmd(
                               "its own hardware (drop them, or use rlsched calibrate)")
         logging = LoggingConfig.parse(logger) if logger is not None else (cfg.logging if config is not None else None)
         try:
-            from rlsched.real.driver import run_live
+            from rlsched.real.run import run_live
         except ImportError as exc:
             raise ConfigError(
                 f"the live backend is not available ({exc}); install it with .ci/install-live"

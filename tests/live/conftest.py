@@ -28,7 +28,7 @@ def tiny_cache(tmp_path_factory: pytest.TempPathFactory):
     """A cache directory holding the tiny model, built once per session."""
     if _MISSING:
         pytest.skip("the [live] extra is not installed")
-    from rlsched.real.tiny_model import resolve_model
+    from rlsched.real.model.tiny import resolve_model
 
     cache = tmp_path_factory.mktemp("rlsched-cache")
     resolve_model(None, cache, seed=0)
@@ -37,7 +37,7 @@ def tiny_cache(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_cache):
-    from rlsched.real.tiny_model import resolve_model
+    from rlsched.real.model.tiny import resolve_model
 
     return resolve_model(None, tiny_cache, seed=0)
 
@@ -52,9 +52,9 @@ class EngineOnSlot:
     SLOT = 3
 
     def __init__(self, model_dir) -> None:
-        from rlsched.real.agent_loop import Codec
-        from rlsched.real.engine import EngineSettings, engine_actor_class
-        from rlsched.real.ray_cluster import slots_options, start_cluster, wait_ready
+        from rlsched.real.loop.ray_cluster import slots_options, start_cluster, wait_ready
+        from rlsched.real.rollout.agent_loop import Codec
+        from rlsched.real.rollout.engine import EngineSettings, engine_actor_class
 
         self.model_dir = model_dir
         self.cluster = start_cluster(self.SLOTS, object_store_mb=128)
@@ -83,7 +83,7 @@ class EngineOnSlot:
 
 @pytest.fixture(scope="session")
 def _engines():
-    from rlsched.real.ray_cluster import stop_cluster
+    from rlsched.real.loop.ray_cluster import stop_cluster
 
     held: list[EngineOnSlot] = []
     yield held

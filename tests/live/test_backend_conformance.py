@@ -150,7 +150,7 @@ def _sim_record(tmp_path):
 def _live_record(cache, tmp_path):
     from rlsched.cluster.config import RunConfig
     from rlsched.cluster.record import read_run
-    from rlsched.real.driver import run_live
+    from rlsched.real.run import run_live
 
     live = {"tasks": ["fix-clamp", "fix-average-empty"], "tasks_per_step": TASKS, "samples_per_task": SAMPLES,
             "max_turns": 3, "max_tokens_per_turn": 16, "kv_cache_mb": 64, "tool_seconds": 5.0,

@@ -16,9 +16,9 @@ def test_calibrate_measures_every_component_and_writes_a_loadable_file(tiny_cach
     from rlsched.calibration import fit_measurements
     from rlsched.calibration_io import write_calibration
     from rlsched.cluster.config import RunConfig
-    from rlsched.real.calibrate import calibrate
-    from rlsched.real.calibrate_bench import BenchPlan
-    from rlsched.real.live_config import LiveSettings
+    from rlsched.real.calibrate.bench import BenchPlan
+    from rlsched.real.calibrate.run import calibrate
+    from rlsched.real.config import LiveSettings
     from rlsched.sim.cost import CostModel
 
     plan = BenchPlan(decode_batches=(1, 8), decode_prompts=(32, 512), decode_tokens=8,

@@ -27,7 +27,7 @@ def test_elastic_two_steps_live(tiny_cache, tmp_path) -> None:
     from rlsched.analysis.load import check_record
     from rlsched.cluster.record import read_run
     from rlsched.policies import make_policy_and_spec
-    from rlsched.real.driver import run_live
+    from rlsched.real.run import run_live
     from rlsched.traces.load import load_trace
 
     seen: list[int] = []
@@ -75,7 +75,7 @@ def test_elastic_two_steps_live(tiny_cache, tmp_path) -> None:
 def test_bad_model_path_leaves_nothing(tiny_cache, tmp_path) -> None:
     from rlsched.cluster.errors import LiveBackendError
     from rlsched.policies import make_policy_and_spec
-    from rlsched.real.driver import run_live
+    from rlsched.real.run import run_live
 
     out = tmp_path / "run"
     with pytest.raises(LiveBackendError, match="not a directory") as err:
@@ -87,7 +87,7 @@ def test_bad_model_path_leaves_nothing(tiny_cache, tmp_path) -> None:
 def test_unknown_live_key_is_a_config_error(tiny_cache, tmp_path) -> None:
     from rlsched.cluster.errors import ConfigError
     from rlsched.policies import make_policy_and_spec
-    from rlsched.real.driver import run_live
+    from rlsched.real.run import run_live
 
     with pytest.raises(ConfigError, match="did you mean 'max_turns'"):
         run_live("colocated", make=make_policy_and_spec, steps=1, out_dir=tmp_path / "run", config=_config(tiny_cache, max_turn=2))

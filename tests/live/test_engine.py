@@ -12,8 +12,8 @@ pytestmark = pytest.mark.live
 
 
 def test_tiny_model_is_a_hf_llama_checkpoint(tiny_model, tiny_cache) -> None:
-    from rlsched.real.agent_loop import Codec
-    from rlsched.real.tiny_model import SPECIAL_TOKENS, resolve_model
+    from rlsched.real.model.tiny import SPECIAL_TOKENS, resolve_model
+    from rlsched.real.rollout.agent_loop import Codec
 
     cfg = json.loads((tiny_model / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"]
@@ -30,7 +30,7 @@ def test_tiny_model_is_a_hf_llama_checkpoint(tiny_model, tiny_cache) -> None:
 
 
 def test_chat_format_comes_from_the_template(tiny_model) -> None:
-    from rlsched.real.agent_loop import ChatFormat
+    from rlsched.real.rollout.agent_loop import ChatFormat
 
     fmt = ChatFormat.from_model_dir(tiny_model)
     assert fmt.first("hi") == "<|bos|><|user|>\nhi<|end|>\n<|assistant|>\n"
@@ -39,7 +39,7 @@ def test_chat_format_comes_from_the_template(tiny_model) -> None:
 
 def test_bad_checkpoint_paths_are_one_line(tmp_path) -> None:
     from rlsched.cluster.errors import LiveBackendError
-    from rlsched.real.tiny_model import resolve_model
+    from rlsched.real.model.tiny import resolve_model
 
     with pytest.raises(LiveBackendError, match="not a directory"):
         resolve_model(tmp_path / "nope", tmp_path)
@@ -69,7 +69,7 @@ def test_engine_generates_a_batch(engine) -> None:
 def test_abort_returns_the_tokens_generated_so_far(engine) -> None:
     import ray
 
-    from rlsched.real.engine import TurnRequest
+    from rlsched.real.rollout.engine import TurnRequest
 
     prompt = engine.prompt("Task: a long answer")
     full = ray.get(engine.actor.generate.remote([prompt], 64, temperature=0.0))["token_ids"][0]
@@ -92,7 +92,7 @@ def test_a_turn_submitted_during_a_step_joins_the_running_batch(engine) -> None:
     returned) is generated alongside the running turns, not after that call ends."""
     import ray
 
-    from rlsched.real.engine import INBOX, TurnRequest
+    from rlsched.real.rollout.engine import INBOX, TurnRequest
 
     # no stop ids (the engine has no tokenizer, so no EOS stop): each turn runs to its cap
     running = engine.actor.step.remote([TurnRequest("long", engine.prompt("Task: long"), 96, 0.0)], [], 30.0)
@@ -114,8 +114,8 @@ def test_a_slot_holds_one_worker(engine) -> None:
     import ray
 
     from rlsched.cluster.errors import LiveBackendError
-    from rlsched.real.engine import engine_actor_class
-    from rlsched.real.ray_cluster import free_slots, slots_options, wait_ready
+    from rlsched.real.loop.ray_cluster import free_slots, slots_options, wait_ready
+    from rlsched.real.rollout.engine import engine_actor_class
 
     assert engine.SLOT not in free_slots(engine.cluster)
     second = engine_actor_class().options(**slots_options([engine.SLOT])).remote(engine.settings, engine_id=1)

@@ -39,7 +39,7 @@ def _trained(out) -> dict[int, set[tuple[str, int, int, int]]]:
 def test_elastic_trains_what_colocated_trains(tiny_cache, tmp_path) -> None:
     from rlsched.cluster.config import RunConfig
     from rlsched.policies import make_policy_and_spec
-    from rlsched.real.driver import run_live
+    from rlsched.real.run import run_live
 
     config = {"run": RunConfig(gpus=2, tp=1, steps=2), "live": {**TINY, "cache_dir": str(tiny_cache)}}
     runs = {}

@@ -42,7 +42,7 @@ def test_engine_records_behaviour_logprobs_and_versions(engine) -> None:
     import torch
     import transformers
 
-    from rlsched.real.engine import TurnRequest
+    from rlsched.real.rollout.engine import TurnRequest
 
     prompt = engine.prompt("RUN: cp vault.txt answer.txt")
     req = TurnRequest("lp-0", prompt, 12, temperature=1.0, seed=5)
@@ -66,7 +66,7 @@ def test_engine_records_behaviour_logprobs_and_versions(engine) -> None:
 def _run(spec: str, steps: int, out, cache) -> tuple[object, dict]:
     from rlsched.cluster.config import RunConfig
     from rlsched.policies import make_policy_and_spec
-    from rlsched.real.driver import run_live
+    from rlsched.real.run import run_live
 
     config = {"run": RunConfig(gpus=2, tp=1, steps=steps), "live": {**LEARN, "cache_dir": str(cache)}}
     run_live(spec, make=make_policy_and_spec, steps=steps, out_dir=out, config=config, seed=0)
@@ -136,7 +136,7 @@ def test_colocated_run_records_learning_figures_per_step(tiny_cache, tmp_path) -
     import pandas as pd
 
     from rlsched.analysis.report import write_report
-    from rlsched.real.learning_figures import LEARNING_COLUMNS
+    from rlsched.real.train.learning_figures import LEARNING_COLUMNS
 
     out, meta = _run("colocated", 2, tmp_path / "colo", tiny_cache)
     steps = pd.read_parquet(out / "steps.parquet")
@@ -162,8 +162,8 @@ def test_colocated_run_records_learning_figures_per_step(tiny_cache, tmp_path) -
 
 def test_kl_reference_changes_nothing_in_training(tiny_model) -> None:
     # in-process trainer ranks (no Ray): the frozen starting copy only adds figures
-    from rlsched.real.grpo import Sample
-    from rlsched.real.trainer_worker import TrainWorker
+    from rlsched.real.train.grpo import Sample
+    from rlsched.real.train.worker import TrainWorker
 
     samples = [Sample(list(range(5, 25)), [0] * 5 + [1] * 15, 1.0, "g", reward=1.0),
                Sample(list(range(30, 42)), [0] * 4 + [1] * 8, -1.0, "g", reward=0.0)]

@@ -66,8 +66,8 @@ def test_a_hostile_agent_cannot_stop_a_live_run(tiny_cache, tmp_path, monkeypatc
     from rlsched.cluster.config import RunConfig
     from rlsched.cluster.record import read_run
     from rlsched.policies import make_policy_and_spec
-    from rlsched.real import driver
-    from rlsched.real.driver import run_live
+    from rlsched.real import run as driver
+    from rlsched.real.run import run_live
 
     real_make_env = driver.make_env
     made: list[HostileAgent] = []

@@ -13,7 +13,7 @@ import random
 import pytest
 
 from rlsched.cluster.errors import InvariantViolation
-from rlsched.real.grpo import Sample
+from rlsched.real.train.grpo import Sample
 
 pytestmark = pytest.mark.live
 
@@ -35,7 +35,8 @@ def _live_stack():
     ray = pytest.importorskip("ray")
     pytest.importorskip("megatron.core")
     transformers = pytest.importorskip("transformers")
-    from rlsched.real import convert, trainer
+    from rlsched.real.model import convert
+    from rlsched.real.train import trainer
 
     LlamaShape, hf_to_megatron = convert.LlamaShape, convert.hf_to_megatron
     load_hf_weights, megatron_to_hf = convert.load_hf_weights, convert.megatron_to_hf
@@ -64,7 +65,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ray_session():
-    from rlsched.real.ray_cluster import slot_resources, start_cluster, stop_cluster
+    from rlsched.real.loop.ray_cluster import slot_resources, start_cluster, stop_cluster
 
     have = ray.cluster_resources() if ray.is_initialized() else {}
     if all(have.get(name, 0) >= 1 for k in range(3) for name in slot_resources(k)):
@@ -117,7 +118,7 @@ def test_hf_megatron_hf_round_trip_is_exact(checkpoint):
 
 
 def test_megatron_forward_matches_hf_and_export_loads_into_llama(checkpoint, group):
-    from rlsched.real.pg_loss import collate, policy_gradient_loss_sum
+    from rlsched.real.train.pg_loss import collate, policy_gradient_loss_sum
 
     _fresh(group, [0])
     batch = _batch(1)

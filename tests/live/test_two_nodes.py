@@ -44,8 +44,8 @@ def test_live_run_spans_two_ray_nodes(two_nodes, tiny_cache, tmp_path, monkeypat
 
     from rlsched.cluster.config import RunConfig
     from rlsched.policies import make_policy_and_spec
-    from rlsched.real import ray_cluster
-    from rlsched.real.driver import run_live
+    from rlsched.real.loop import ray_cluster
+    from rlsched.real.run import run_live
 
     monkeypatch.setenv(ray_cluster.ADDRESS_ENV, two_nodes)
     ray_cluster.start_cluster(2)

@@ -18,7 +18,7 @@ def test_names_are_what_vllm_loads(tiny_model) -> None:
     import torch
 
     from rlsched.cluster.errors import InvariantViolation
-    from rlsched.real.weights import to_vllm_names
+    from rlsched.real.train.weights import to_vllm_names
 
     hf = _weights(tiny_model)
     hf["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(4)
@@ -32,7 +32,7 @@ def test_weight_update_changes_greedy_output(engine) -> None:
     import ray
     import torch
 
-    from rlsched.real.weights import WeightStore
+    from rlsched.real.train.weights import WeightStore
 
     prompt = [engine.prompt("Task: fix clamp in numbers_util.py")]
     before = ray.get(engine.actor.generate.remote(prompt, 24, temperature=0.0))["token_ids"][0]

@@ -1,0 +1,1 @@
+"""Measure the live stack's costs and fit the simulator's cost model to them."""

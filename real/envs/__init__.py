@@ -1,0 +1,1 @@
+"""Agent environments (coding, lookup), their graders and the tool sandbox."""

@@ -1,0 +1,1 @@
+"""The tiny model built locally (random weights, a tokenizer trained on local text) and checkpoint conversion."""

@@ -1,0 +1,1 @@
+"""What a live run writes: the run-record tables, the in-memory recorder and dashboards."""

@@ -1,0 +1,1 @@
+"""The trainer: Megatron-core workers, the trainer lane, the policy-gradient loss, weights publishing."""
