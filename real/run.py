@@ -64,7 +64,7 @@ def run_live(policy_spec: str | None, *, make: PolicyMaker, steps: int | None, o
     bounds the concurrent tool calls (as in the simulator, with ``SandboxQueued`` events);
     ``[faults]`` of the tool, sync and gpu kinds are injected for real (``loop.faults``,
     ``loop.fault_inject``); ``processor``, trainer faults and rate faults are refused
-    (``live_config.refuse_unsupported``).
+    (``config.refuse_unsupported``).
     """
     from rlsched.cluster.config import LoggingConfig, RunConfig
     from rlsched.real.config import LiveSettings, refuse_unsupported

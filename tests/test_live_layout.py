@@ -58,7 +58,7 @@ def test_processor_and_faults_are_refused_in_one_line() -> None:
         with pytest.raises(ConfigError, match=r"^\[faults\] ") as err:
             refuse_unsupported(run)
         assert words in str(err.value) and "\n" not in str(err.value)
-    for kind in ("sync", "gpu", "trainer"):  # injected for real (live_fault_inject)
+    for kind in ("sync", "gpu", "trainer"):  # injected for real (real/loop/fault_inject.py)
         refuse_unsupported(parse_config({"cluster": {"gpus": 2, "tp": 1},
                                          "faults": {"fault": [{"kind": kind, "at": 5.0}]}}).run)
     tool = parse_config({"cluster": {"gpus": 2, "tp": 1}, "faults": {"fault": [{"kind": "tool", "at": 0.0}]}}).run

@@ -154,7 +154,7 @@ class LiveDriver:
 
     def _fire_timers(self) -> None:
         if self.faults is not None:
-            fire_due(self)  # live_fault_inject: what each fault does, for real
+            fire_due(self)  # loop.fault_inject: what each fault does, for real
         while self._timers and self._timers[0][0] <= self.now():
             _, _, tag = heapq.heappop(self._timers)
             self.emit(TimerFired(tag))

@@ -42,7 +42,7 @@ class Training:
         self.h = host
         self.trained_tokens: dict[str, int] = {}  # tokens each trajectory's samples train
         self._published: dict | None = None  # the lane's report of the last optimizer step
-        # for a [faults] trainer crash (live_fault_inject): the step's finished micro-batches
+        # for a [faults] trainer crash (loop.fault_inject): the step's finished micro-batches
         # (re-run after it) with their GPU-seconds, the running job (its GPUs, its start),
         # and which trainer incarnation a job ran on (a crashed one's late reply is void)
         self._done_micro: list[tuple[MicroBatchJob, float]] = []
