@@ -197,17 +197,8 @@ def _restart_trainer(h: LiveDriver, slots: list[int] | None) -> None:
     after ``restart_s``; no job and no membership change runs before that."""
     fs = h.faults
     assert fs is not None
-    roles = h.roles
-    roles.lane_ops += 1
-
-    def restarted(r: Any) -> None:
-        roles.lane_ops -= 1
-        h.stats["trainer"].append(r)
-        h.rec.event(h.now(), "TrainerResize", detail=f"{r['action']} world={r['world']} {r['seconds']:.2f}s")
-        h.training.next_job()
-
-    h.submit(h.lane.restart(fs.schedule.restart_s, h.base + h.st.version, h._stopping, slots), restarted)
-    roles.release_leaving()  # GPUs that waited for the job to end leave now (after the restart)
+    h.roles.lane_op(h.lane.restart(fs.schedule.restart_s, h.base + h.st.version, h._stopping, slots))
+    h.roles.release_leaving()  # GPUs that waited for the job to end leave now (after the restart)
 
 
 def _fail_trainer_gpu(h: LiveDriver, g: int) -> str:

@@ -125,6 +125,11 @@ class Roles:
             arrive()
 
     def _lane_op(self, slots: list[int], cb: Callable[[Any], None]) -> None:
+        self.lane_op(self.h.lane.set_slots(slots), cb)
+
+    def lane_op(self, fut: Any, cb: Callable[[Any], None] | None = None) -> None:
+        """Run one trainer membership change (a resize, or a restart after a crash): no
+        job and no other change runs until it reports; then the next job may start."""
         h = self.h
         self.lane_ops += 1
 
@@ -132,10 +137,11 @@ class Roles:
             self.lane_ops -= 1
             h.stats["trainer"].append(r)
             h.rec.event(h.now(), "TrainerResize", detail=f"{r['action']} world={r['world']} {r['seconds']:.2f}s")
-            cb(r)
+            if cb is not None:
+                cb(r)
             h.training.next_job()
 
-        h.submit(h.lane.set_slots(slots), done)
+        h.submit(fut, done)
 
     def _boot_engines(self, gpus: tuple[int, ...], gid: int, t0: float) -> None:
         h = self.h
