@@ -155,6 +155,7 @@ class Elastic(Configured):
         self._even = 1  # the cap of an even spread (pack=1): how many engines a batch needs
         self._meter = Meter()
         self._stolen: set[str] = set()  # trajectories an idle engine took (moved once only)
+        self._stolen_to: dict[int, str] = {}  # engine -> the trajectory it took last
         self._cut_from: dict[int, frozenset[str]] = {}  # step -> its trajectories trained with step+1
 
     # ------------------------------------------------------------------ events
@@ -491,11 +492,18 @@ class Elastic(Configured):
         if not self.config.steal:
             return []
         loads = view.engine_loads()
-        idle = [e for e, load in loads if load == 0 and not view.engine(e).syncing]
+        live = (TrajStatus.QUEUED, TrajStatus.RUNNING)
+        # an engine that took a trajectory is not idle again until that one is over: its
+        # load shows the move only once the context has arrived, and two steals onto one
+        # engine (one landing, one in flight) would pile the tail up again
+        for e, t in list(self._stolen_to.items()):
+            if view.trajectory(t).status not in live:
+                del self._stolen_to[e]
+        idle = [e for e, load in loads
+                if load == 0 and e not in self._stolen_to and not view.engine(e).syncing]
         if not idle or max((load for _, load in loads), default=0) < _CROWDED:
             return []
         by_engine: dict[int, list[tuple[float, str]]] = {}
-        live = (TrajStatus.QUEUED, TrajStatus.RUNNING)
         for st in range(max(0, self._train_step - 1), self._released):
             for t in view.batch(st):
                 info = view.trajectory(t)
@@ -512,6 +520,7 @@ class Elastic(Configured):
             by_engine[d].sort()
             _, t = by_engine[d].pop()  # the longest predicted (ties: the highest id)
             self._stolen.add(t)
+            self._stolen_to[e] = t
             load[d] -= 1
             out.append(Move((t,), engine=e))
         return out
