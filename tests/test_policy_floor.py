@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 
 from rlsched.cluster.config import RunConfig
+from rlsched.cluster.faults import Fault, FaultSchedule
 from rlsched.policies import make_policy
 from rlsched.sim.memory import min_engine_gpus, train_layout
-from rlsched.sim.presets import preset_cost, with_seq
+from rlsched.sim.presets import default_cost, preset_cost, with_seq
 from rlsched.sim.run import simulate
 from rlsched.sim.workload import Workload
-from rlsched.traces import draw_batches, generate_trace
+from rlsched.traces import draw_batches, generate_trace, load_trace, sample_trace_path
 
 
 @pytest.fixture(scope="module")
@@ -31,3 +32,27 @@ def test_policy_completes_above_the_trainer_floor(reference_scale, spec) -> None
     tp = max(4, min_engine_gpus(cost))
     out = simulate(w, b, make_policy(spec), RunConfig(gpus=1024, tp=tp, steps=3, check=True), cost)
     assert out.result.complete and out.result.state.version == 3
+
+
+# GPU, tool, trainer and sync faults at rates that hit a 16-GPU cluster several times in 4
+# steps (the fingerprint's schedule): with the default preset's 8-GPU floor, elastic once
+# rounded an emptied trainer down to whole engines (one GPU left below the floor), and then
+# sent the GPU of an engine with a failed partner to IDLE after the rest had gone to ROLLOUT
+# (checked while the rest were still TRAIN: below the floor); both were refused mid-run.
+FLOOR_FAULTS = FaultSchedule(
+    (Fault("gpu", per_hour=6.0), Fault("tool", per_hour=60.0), Fault("trainer", per_hour=3.0),
+     Fault("sync", per_hour=6.0)),
+    seed=3,
+)
+
+
+@pytest.mark.parametrize("processor", [False, True])
+@pytest.mark.parametrize("spec", ["elastic", "elastic:staleness=1"])
+def test_elastic_keeps_the_floor_under_gpu_failures(spec, processor) -> None:
+    cost = default_cost()
+    df = load_trace(sample_trace_path())
+    cfg = RunConfig(gpus=16, tp=2, steps=4, tasks_per_step=8, check=True, faults=FLOOR_FAULTS,
+                    processor=processor)
+    assert train_layout(cost).min_gpus == 8
+    out = simulate(Workload.from_frame(df), draw_batches(df, 4, 8), make_policy(spec), cfg, cost)
+    assert out.result.complete and out.result.state.version == 4
