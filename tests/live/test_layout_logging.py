@@ -53,7 +53,7 @@ def test_live_run_writes_the_simulated_layout_and_a_tensorboard_log(tiny_cache, 
                    "--out", str(out))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     res_sim = _rlsched("run", "--policy", POLICY, "--steps", "2", "--gpus", "2", "--tp", "1", "--out", str(sim),
-                   "--model", "none")  # (2 logical GPUs: the flat model, no trainer floor)
+                       "--model", "none")  # (2 logical GPUs: the flat model, no trainer floor)
     assert res_sim.returncode == 0, res_sim.stderr[-2000:]
 
     # one layout, with and without --live
@@ -61,7 +61,9 @@ def test_live_run_writes_the_simulated_layout_and_a_tensorboard_log(tiny_cache, 
     [sim_dir] = sorted((sim / "runs").iterdir())
     assert run_dir.name == sim_dir.name  # 00-<the spec as given>
     assert {"summary.csv", "report.html", "runs"} <= {p.name for p in out.iterdir()}
-    assert {p.name for p in out.iterdir()} == {p.name for p in sim.iterdir()}
+    # (a live run also has what it learned: the report's learning table)
+    live_names, sim_names = {p.name for p in out.iterdir()}, {p.name for p in sim.iterdir()}
+    assert live_names - sim_names == {"learning.csv"} and sim_names <= live_names
     live_sum, sim_sum = pd.read_csv(out / "summary.csv"), pd.read_csv(sim / "summary.csv")
     assert list(live_sum.columns) == list(sim_sum.columns)
     assert len(live_sum) == 1 and live_sum["policy"][0] == POLICY and live_sum["run_dir"][0] == f"runs/{run_dir.name}"
