@@ -146,7 +146,7 @@ def _could_follow(view: ClusterView, moving: set[GpuId], role: Role, failed: set
     failure, not the policy, leaves it there (it goes to IDLE by a next command, or
     waits for its engine to recover) -- the floor refuses only a policy's choice."""
     for g in view.gpus_in(Role.TRAIN):
-        if g in moving:
+        if g in moving:  # (this Reassign's, and those already leaving)
             continue
         if role is not Role.ROLLOUT:
             return True
@@ -177,9 +177,12 @@ def _check_reassign(view: ClusterView, gpus: tuple[GpuId, ...], role: Role) -> N
     tr = view.trainer()
     floor = tr.min_gpus
     if floor > 1 and role is not Role.TRAIN:
+        # GPUs an earlier Reassign sent away are gone from the trainer already, though they
+        # keep role TRAIN until its running job ends
+        gone = set(view.leaving_gpus()) | set(gpus)
         leaving = sum(1 for g in gpus if view.role(g) is Role.TRAIN)
-        left = len(view.gpus_in(Role.TRAIN)) - leaving
-        if leaving and 0 < left < floor and _could_follow(view, set(gpus), role, failed):
+        left = sum(1 for g in view.gpus_in(Role.TRAIN) if g not in gone)
+        if leaving and 0 < left < floor and _could_follow(view, gone, role, failed):
             why = tr.floor_reason
             raise PolicyError(
                 f"Reassign of {leaving} trainer GPUs leaves the trainer {left} GPUs, below its floor "

@@ -251,6 +251,9 @@ class ClusterState:
         self.accumulated: list[TrajectoryId] = []
         self.switching: set[GpuId] = set()
         self.failed: set[GpuId] = set()  # failed GPUs (role IDLE) until they recover
+        # TRAIN GPUs a Reassign asked to leave while a trainer job ran: they keep role TRAIN
+        # until the job ends (gpu -> (switch group, target role)); both drivers keep it
+        self.leaving_train: dict[GpuId, tuple[int, Role]] = {}
         self.trainer_floor: tuple[int, int] = (1, 1)  # (min_gpus, grow_unit): see set_trainer_floor
         self._floor_why = ""
         self.node_size = 0  # GPUs per NVLink domain (the cost model's topology; 0: flat)
@@ -375,6 +378,10 @@ class ClusterState:
 
     def unfinished(self, step: int) -> int:
         return self._unfinished[step]
+
+    def leaving_gpus(self) -> tuple[GpuId, ...]:
+        """TRAIN GPUs already reassigned away, waiting for the running trainer job."""
+        return tuple(sorted(self.leaving_train))
 
     def failed_gpus(self) -> tuple[GpuId, ...]:
         """GPUs that failed and have not recovered: role IDLE, but no command may use them."""

@@ -334,25 +334,20 @@ class Elastic(Configured):
         n = min(spare, want)
         left = len(free) - n * tp
         take = free[len(free) - n * tp:]
-        emptying = False
         if 0 < left < tr.min_gpus:  # never shrink the trainer below its floor (refused)
             if keep:
                 n = (len(free) - tr.min_gpus) // tp
                 if n <= 0:
                     return []
                 take = free[len(free) - n * tp:]
-            else:  # empty it
-                take, emptying = free, True
+            else:  # empty it (GPUs short of a whole engine go IDLE: back_to_rollout)
+                take = free
         rollout, idle = back_to_rollout(view, take)
         out: list[Command] = []
         if rollout:
             out += self._send(view, rollout, Role.ROLLOUT)
-        if idle and not (emptying and rollout):
+        if idle:
             out += self._send(view, idle, Role.IDLE)
-        # (emptying with both: a GPU short of a whole engine -- its engine has a failed or
-        # busy GPU -- stays in the trainer, which the floor allows for a GPU that could not
-        # have followed; sent IDLE as well, it would be checked while the others are still
-        # TRAIN and leave the trainer below its floor: refused)
         return out
 
     def _pays(self, seconds: float) -> bool:

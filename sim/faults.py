@@ -127,8 +127,8 @@ class FaultMixin(DriverCore):
         elif role is Role.TRAIN:
             tr = self.trainer
             tr.remove(g)
-            if g in tr.leaving:
-                gid, _ = tr.leaving.pop(g)  # type: ignore[misc]
+            if g in self.state.leaving_train:
+                gid, _ = self.state.leaving_train.pop(g)
                 self._group_drop(gid, g)
             lost = self._abort_step()
             what = f"trainer shrinks to {len(tr.gpus)} GPUs, step re-run ({lost:.1f} GPU-s lost)"

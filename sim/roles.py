@@ -54,7 +54,7 @@ class Roles(DriverCore):
             if st.roles[g] is Role.ROLLOUT:
                 by_engine.setdefault(st.engine_of(g), []).append(g)
             elif st.roles[g] is Role.TRAIN and self.loop.trainer.running is not None:
-                self.trainer.leaving[g] = (gid, role)
+                st.leaving_train[g] = (gid, role)
             else:
                 direct.append(g)
         if direct:  # they switch together (as live: one SwitchStart for them)
@@ -65,7 +65,7 @@ class Roles(DriverCore):
     def _release_leaving(self) -> None:
         """The trainer's job ended (or was aborted): GPUs asked to leave training go now,
         those of one Reassign together."""
-        leaving = self.trainer.leaving
+        leaving = self.state.leaving_train
         if not leaving:
             return
         by_group: dict[tuple[int, Role], list[int]] = {}

@@ -15,7 +15,6 @@ from rlsched.cluster.loop.trainer_queue import MicroBatchJob
 @dataclass(slots=True)
 class TrainerSim:
     gpus: list[int] = field(default_factory=list)  # GPUs in TRAIN, ascending (see add/remove)
-    leaving: dict[int, object] = field(default_factory=dict)  # gpu -> target role
     busy_seconds: float = 0.0
     # the running job (a fault can abort it: see rlsched.sim.faults)
     run_token: int = 0  # bumped per start and per abort; a stale completion is ignored

@@ -211,6 +211,17 @@ def test_reassign_below_the_floor_is_refused() -> None:
     assert st.gpus_per_node == 0  # flat unless a driver with a topology says otherwise
 
 
+def test_gpus_already_leaving_the_trainer_count_as_gone() -> None:
+    # 8 trainer GPUs; an earlier Reassign sent 4..7 away while a job ran (still TRAIN until
+    # it ends): sending 0..3 away too empties the trainer -- legal; sending 0..1 leaves 2
+    st = _state(8)
+    for g in range(4, 8):
+        st.leaving_train[g] = (1, Role.ROLLOUT)
+    legality_check(st, Reassign((0, 1, 2, 3), Role.IDLE))
+    with pytest.raises(PolicyError, match=r"leaves the trainer 2 GPUs, below its floor of 8"):
+        legality_check(st, Reassign((0, 1), Role.IDLE))
+
+
 def test_simulator_refuses_a_policy_that_shrinks_below_the_floor() -> None:
     from rlsched.cluster.config import RunConfig
     from rlsched.cluster.events import RolesChanged, RunStarted

@@ -208,8 +208,8 @@ def _fail_trainer_gpu(h: LiveDriver, g: int) -> str:
     ``restart_s`` from the last step's checkpoint (none left: when GPUs come back)."""
     fs, roles = h.faults, h.roles
     assert fs is not None
-    if g in roles.leaving:
-        gid, _ = roles.leaving.pop(g)
+    if g in h.st.leaving_train:
+        gid, _ = h.st.leaving_train.pop(g)
         roles._group_drop(gid, g)
     roles.trainer_slots = [s for s in roles.trainer_slots if s != g]
     h.lane.crash()

@@ -32,7 +32,6 @@ class Roles:
         self.h = host
         self._groups: dict[int, list] = {}  # Reassign id -> [GPUs still to arrive, gpus, role, t0]
         self._engine_switch: dict[int, tuple[int, Role]] = {}
-        self.leaving: dict[int, tuple[int, Role]] = {}  # TRAIN GPUs waiting for the running job
         self.trainer_slots: list[int] = []
         self.lane_ops = 0  # trainer membership changes in flight
         self._seq = 0
@@ -48,7 +47,7 @@ class Roles:
             if st.roles[g] is Role.ROLLOUT:
                 by_engine.setdefault(st.engine_of(g), []).append(g)
             elif st.roles[g] is Role.TRAIN and self.h.training.job_running:
-                self.leaving[g] = (gid, role)
+                self.h.st.leaving_train[g] = (gid, role)
             else:
                 direct.append(g)
         if direct:
@@ -58,8 +57,8 @@ class Roles:
 
     def release_leaving(self) -> None:
         """The trainer's job ended: GPUs asked to leave training go now."""
-        leaving = dict(self.leaving)
-        self.leaving.clear()
+        leaving = dict(self.h.st.leaving_train)
+        self.h.st.leaving_train.clear()
         by_group: dict[tuple[int, Role], list[int]] = {}
         for g, key in sorted(leaving.items()):
             by_group.setdefault(key, []).append(g)

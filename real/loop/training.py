@@ -50,10 +50,6 @@ class Training:
         self._epoch = 0
 
     @property
-    def steps(self) -> list[dict]:
-        return self.h.loop.trainer.steps  # one row per optimizer step (live_record.STEP_COLUMNS)
-
-    @property
     def job_running(self) -> bool:
         return self.h.loop.trainer.running is not None
 
@@ -127,7 +123,7 @@ class Training:
         r = self._published
         assert r is not None  # (set by the optimizer job that ended this step)
         # the lane's per-step learning figures join the step row the loop just wrote
-        # (live_record.LEARNING_COLUMNS), before anything reads it
+        # (train.learning_figures.LEARNING_COLUMNS), before anything reads it
         h.loop.trainer.steps[-1].update(r.pop("learning", {}))
         h.rec.event(h.now(), "WeightsPublished", version=h.st.version,
                     detail=f"{r['nbytes']} bytes, export {r['export_seconds']:.3f}s")
