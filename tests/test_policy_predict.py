@@ -110,3 +110,19 @@ def test_plan_and_compare_agree_on_the_staleness_of_a_cut_run():
     assert any(t.status is TrajStatus.TRAINED and t.min_version < 0 for t in st.trajs.values())
     assert max(s["max_staleness"] for s in out.result.steps) == 0  # (was 4: version -1 counted)
     assert trained_staleness(st) == 0 == make_policy(spec).max_staleness
+
+
+def test_length_tally_answers_as_the_scan_does() -> None:
+    import random
+
+    from rlsched.policies.predict import LengthTally
+
+    rng = random.Random(5)
+    tally, seen = LengthTally(), []
+    for _ in range(300):
+        n = rng.choice([0, 1, 3, 17, 64, 65, 200, rng.randrange(0, 1500)])
+        tally.add(n)
+        seen.append(n)
+        for d in (0, 1, 5, 63, 64, 150, 999, 2000, rng.randrange(0, 1600)):
+            assert tally.remaining(d) == conditional_remaining(seen, d)
+    assert LengthTally().remaining(7) == conditional_remaining([], 7)
