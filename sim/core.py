@@ -163,7 +163,8 @@ class DriverCore:
         # the contract's meaning (pump, commands, trainer queue, records): rlsched.cluster.loop;
         # its event FIFO is read here directly by the per-turn code (.turns: ``if d._events``)
         self.loop = DriverLoop(self.state, policy, SimBackend(self), recorder, progress=progress,  # type: ignore[arg-type]
-                               before_event=self._check_invariants if config.check else None)
+                               before_event=self._check_invariants if config.check else None,
+                               guard_view=config.check)
         self._events: deque[Event] = self.loop.events
 
     def kv_pool_total(self) -> int:

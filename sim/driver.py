@@ -68,7 +68,7 @@ class SimDriver(Lifecycle, Roles, Training, FaultMixin):
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            self.policy.reset(self.state, random.Random(self.cfg.seed))
+            self.loop.reset_policy(random.Random(self.cfg.seed))
             self._emit(RunStarted())
             self._pump()
             self._arm_faults()
