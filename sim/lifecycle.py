@@ -29,7 +29,6 @@ from .timers import NORMAL, Call
 from .traj import SimTraj
 
 _INF = float("inf")
-_QUEUED = TrajStatus.QUEUED
 _RUNNING = TrajStatus.RUNNING
 _INTERRUPTED = TrajStatus.INTERRUPTED
 _TIMED_OUT = TrajStatus.TIMED_OUT
@@ -46,10 +45,7 @@ class Lifecycle(DriverCore):
         st = self.state
         st.advance(self.now)
         ts = t.ts
-        if ts.status is _INTERRUPTED:
-            st.mark_resumable(t.tid)
-        st.mark_active(t.tid, _QUEUED, eng.id)
-        ts.pinned = True
+        st.mark_dispatched(t.tid, eng.id)
         if t.in_env:
             return  # interrupted in a tool call that still runs: it queues when the call returns
         if ts.turns_done == t.n_turns:  # interrupted in its last tool call, which has returned
@@ -65,10 +61,7 @@ class Lifecycle(DriverCore):
         st.advance(self.now)
         ts = t.ts
         last = ts.engine
-        if ts.status is _INTERRUPTED:
-            st.mark_resumable(t.tid)
-        st.mark_active(t.tid, _QUEUED, None)  # type: ignore[arg-type]
-        ts.pinned = False
+        st.mark_dispatched(t.tid, None)
         if t.in_env:
             return  # interrupted in a tool call that still runs: it queues when the call returns
         if ts.turns_done == t.n_turns:  # interrupted in its last tool call, which has returned
@@ -104,6 +97,7 @@ class Lifecycle(DriverCore):
         es = eng.es
         queue = es.queue
         trajs = self.trajs
+        mark_running = self.state.mark_running
         while queue and not es.draining:
             t = trajs[queue[0]]
             if self._need(t) > eng.kv_capacity:
@@ -117,7 +111,7 @@ class Lifecycle(DriverCore):
             if eng.evicted:
                 self._drain_evictions(eng)
             es.dequeue(admit=True)
-            t.ts.status = _RUNNING
+            mark_running(t.tid, eng.id)
             self._start_turn(t, eng)
         unbound = self.state.unbound
         if unbound and not queue and not es.draining and not eng.closed:
@@ -147,10 +141,8 @@ class Lifecycle(DriverCore):
             self._drain_evictions(eng)
         st = self.state
         st.take_unbound(t.tid)
-        ts = t.ts
-        ts.engine = eng.id
         eng.es.admit(t.tid)
-        ts.status = _RUNNING
+        st.mark_running(t.tid, eng.id)
         self._start_turn(t, eng)
 
     def _place_all(self) -> None:
@@ -340,7 +332,7 @@ class Lifecycle(DriverCore):
         es = eng.es
         es.discard(t.tid)
         ts = t.ts
-        ts.status = _QUEUED
+        self.state.mark_queued(t.tid, ts.engine, pinned=ts.pinned)
         if ts.pinned:
             es.enqueue(t.tid, front=True)
             self._engine_touch(eng)
@@ -388,7 +380,7 @@ class Lifecycle(DriverCore):
         self._detach(t, eng)
         t.kv_cached = False
         t.moved_at = -1.0
-        ts.status = _QUEUED
+        self.state.mark_queued(t.tid, ts.engine, pinned=ts.pinned)
         if self.rec is not None:
             self.rec.event(self.now, "Preempt", engine=eng.id, trajectory=t.tid,
                            detail=f"{t.ctx + t.turn_progress} tokens")
@@ -396,7 +388,6 @@ class Lifecycle(DriverCore):
             eng.es.enqueue(t.tid, front=True)
             return False
         self.state.enqueue_unbound(t.tid, front=True)
-        ts.engine = None
         return True
 
     def _release_sandbox(self, t: SimTraj) -> None:
@@ -451,7 +442,7 @@ class Lifecycle(DriverCore):
         if not keep:
             t.wasted += t.output_kept
             t.ctx = t.prompt_kept = t.output_kept = 0
-            ts.turns_done, ts.tokens, ts.min_version, ts.max_version = 0, 0, -1, -1
+            self.state.reset_progress(t.tid)
         self._finish(t, _INTERRUPTED, e)
         if eng is not None and not eng.closed:
             self._admit(eng)
@@ -501,11 +492,11 @@ class Lifecycle(DriverCore):
         the transfer (from ``moved_at``) or the re-prefill on the engine that admits it.
         The caller admits: ``_admit(dest)``, :meth:`_place_all` and ``_admit(eng)`` (the
         room it left)."""
-        ts = t.ts
         st = self.state
         if eng is not None and dest == eng.id:  # unpinned and already there: pin it
-            ts.pinned = True
+            st.pin(t.tid)
             return
+        migrated = False
         if eng is None:
             st.take_unbound(t.tid)
         else:
@@ -517,21 +508,17 @@ class Lifecycle(DriverCore):
             if had_kv:
                 t.moved_at = self.now
                 t.moved_from = eng.first_gpu
-                ts.migrations += 1
+                migrated = True
                 if self.rec is not None:
                     self.rec.event(self.now, "Migrate", engine=-1 if dest is None else dest,
                                    trajectory=t.tid, detail=f"from {eng.id}")
-        ts.status = _QUEUED
+        st.mark_queued(t.tid, dest, pinned=dest is not None, migrated=migrated)
+        if t.in_env:
+            return  # in tool time it joins when the tool call returns
         if dest is None:
-            ts.engine = None
-            ts.pinned = False
-            if not t.in_env:  # in tool time it joins when the tool call returns
-                st.enqueue_unbound(t.tid, front=True)
+            st.enqueue_unbound(t.tid, front=True)
         else:
-            ts.engine = dest
-            ts.pinned = True
-            if not t.in_env:
-                self.engines[dest].es.enqueue(t.tid)
+            self.engines[dest].es.enqueue(t.tid)
 
     def _move_all(self, tids: tuple[str, ...], dest: int | None) -> None:
         """The ``Move`` command: each of ``tids`` in turn, then admission where they went.
