@@ -536,6 +536,12 @@ class ClusterState:
         self._interrupted_by_step[t.step].pop(tid, None)
         self._unfinished[t.step] += 1
 
+    def mark_in_micro_batch(self, tids: Iterable[TrajectoryId]) -> None:
+        """``TrainMicroBatch``: these are queued for training."""
+        trajs = self.trajs
+        for tid in tids:
+            trajs[tid].in_micro_batch = True
+
     def mark_trained(self, tids: Iterable[TrajectoryId], version: int) -> None:
         for tid in tids:
             t = self.trajs[tid]
