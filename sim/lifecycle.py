@@ -12,7 +12,14 @@ The two timers every simulated turn fires (an engine wake-up when a decode ends,
 tool-call return) are the inner loop and live in :mod:`.turns`; they call the methods
 here on their uncommon paths. These methods work on :class:`~rlsched.sim.traj.SimTraj`
 and :class:`~rlsched.sim.engine.EngineSim` objects rather than ids, and touch ids only
-where the policy-visible ``ClusterState`` needs them.
+where the policy-visible ``ClusterState`` needs them: a trajectory's placement there is
+written only through its driver API (``mark_dispatched``, ``mark_running``,
+``mark_queued``, ``mark_finished``, ``enqueue_unbound``/``take_unbound``...).
+
+:class:`Lifecycle` is the rollout core's behaviour over :class:`~.core.DriverCore`'s
+fields -- one object, split so that the fields the inner loop reads can be compiled
+(``core.pxd``); the roles, training and faults are separate collaborators (see
+:mod:`.core`) and call only the public methods listed on the class.
 """
 
 from __future__ import annotations
