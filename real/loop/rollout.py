@@ -92,7 +92,7 @@ class Rollout:
                 break
             es.dequeue(admit=True)
             es.set_kv(es.kv_used + need)
-            st.trajs[tid].status = TrajStatus.RUNNING
+            st.mark_running(tid, e)
             self.start(tid)
         self.touch(e)
 
@@ -254,7 +254,8 @@ class Rollout:
                 if not self.h.st.engines():
                     self.h.finish(tid, TrajStatus.INTERRUPTED, e if e is not None else -1, note="no rollout engine left")
                     return
-                e = ts.engine = self.h.st.least_loaded()
+                e = self.h.st.least_loaded()
+                self.h.st.mark_queued(tid, e, pinned=ts.pinned)
             self.h.st.engines_[e].enqueue(tid)
             self.admit(e)
         if ts.engine in self.engines:
@@ -297,8 +298,7 @@ class Rollout:
         dest = st.least_loaded()
         self.h.rec.event(self.h.now(), "Migrate", engine=dest, trajectory=tid, detail=f"from {e}")
         self.detach(tid, e)
-        ts.migrations += 1
-        ts.engine, ts.status = dest, TrajStatus.QUEUED
+        st.mark_queued(tid, dest, pinned=ts.pinned, migrated=True)
         if not self.rt[tid].in_env:  # in tool time it joins the queue when the call returns
             st.engines_[dest].enqueue(tid)
             self.admit(dest)
@@ -317,7 +317,7 @@ class Rollout:
             elif rt.env is not None:
                 self.h.close_env(rt.env)
             rt.env, rt.in_env, rt.turn_version = None, False, -1
-            ts.turns_done, ts.tokens, ts.min_version, ts.max_version = 0, 0, -1, -1
+            self.h.st.reset_progress(tid)
         self.h.finish(tid, TrajStatus.INTERRUPTED, e)
         self.admit(e)
 
