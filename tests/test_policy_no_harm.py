@@ -73,16 +73,17 @@ def test_elastic_never_loses_on_small_long_tailed_traces(case):
     _check(_case(seed, preset, tasks, samples, tp, engines, 3, scale))
 
 
-def test_known_counterexample_stays_within_its_measured_gap():
+def test_known_counterexample_is_now_within_tolerance():
     """The slow search's counterexample (longtail-small, seed 16, 4 tasks x 2 samples per step,
-    tp 4, 4 engines, turns x0.1, 6 steps): elastic k=1 411.5 s vs the best async 405.1 s,
-    1.6% slower (411.9 s before tail stealing; stealing from an engine holding two made it
-    415.7 s, hence ``_CROWDED = 3``) -- with 8 trajectories a step over 4 engines there is
-    little tail to use and the moves' switches are not repaid. Do no harm does not hold here yet; this pins the gap
-    so that it cannot grow unnoticed (and passes the day it closes)."""
+    tp 4, 4 engines, turns x0.1, 6 steps): elastic k=1 was 411.5 s vs the best async 405.1 s,
+    1.6% slower, while it reserved a quarter of the GPUs for a trainer before anything had
+    finished and sized the trainer to train its backlog within a whole rollout's time. With
+    the trainer forming from freed engines (``train_share=0``) and kept to train its backlog
+    within 0.4 of a rollout (``train_within``) it is 406.6 s, 0.37% behind: do no harm (1%)
+    holds here now."""
     seconds = _case(16, "longtail-small", 4, 2, 4, 4, 6, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
-    assert seconds("elastic:staleness=1")[0] <= 1.02 * best
+    assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
 
 
 @pytest.mark.slow  # a search: today it finds the counterexample above and fails (run it to see)
