@@ -114,6 +114,10 @@ class ElasticConfig:
     cut_stop: bool = param("bool", False, "a cut trajectory is interrupted keeping its finished "
                            "turns (the turn in progress is lost) and resumed, prefilled again, with the next "
                            "step's batch once its weights exist, instead of running on")
+    hedge: bool = param("bool", True, "with staleness >= 1 and no GPU training: once the finished "
+                        "work waiting is as much as what still rolls out, an engine goes to the trainer even if "
+                        "the tail must be packed (past kv_limit) for it; without this, a flat tail frees no "
+                        "engine until the batch is nearly over and the finished work waits for it")
     steal: bool = param("bool", True, "an idle rollout engine takes (Move) the live trajectory "
                         "predicted longest from the most crowded engine holding three or more (its KV moves "
                         "with it, charged by the driver), instead of idling while the tail shares an engine")
@@ -580,6 +584,11 @@ class Elastic(Configured):
         cap = view.engine(ids[0]).kv_capacity
         by_load = math.ceil(live / self._cap)
         by_kv = math.ceil(totals.kv_used / (self.config.kv_limit * cap)) if cap else len(ids)
+        if self.config.hedge and self._ahead and not tr.gpus and not self._moving and self._backlog(view) >= live:
+            # Do no harm: the trainer starts empty (train_share=0) and forms from engines the
+            # tail frees; when none frees (no long tail: every engine still holds a few),
+            # training would wait for the batch's end, where a fixed split trains as it goes.
+            by_kv = 0
         busy = sum(1 for _, load in view.engine_loads() if load)
         keep = max(floor, min(busy, max(by_load, by_kv)))
         release = len(ids) - keep

@@ -214,6 +214,30 @@ def test_the_trainer_keeps_enough_to_train_its_backlog_within_train_within_of_a_
     assert _backlog_then_release("elastic:staleness=1,train_within=0.1") == 0
 
 
+def _flat_tail(spec: str) -> list:
+    """Staleness 1, 2 engines of 1 GPU, no trainer yet: batches 0 and 1 (8 each) hold 8
+    trajectories per engine and a KV cache 90% full (past kv_limit: consolidation would keep
+    both engines). 9 finish, 4-5 from each engine, so neither empties: the commands after
+    the 9th."""
+    st, pol = _rolling_out(2, 1, 8, spec, steps=3)
+    assert st.gpus_in(Role.TRAIN) == ()
+    for e in st.engines_:
+        st.engines_[e].set_kv(900)
+    on = {e: [t for t, ts in st.trajs.items() if ts.engine == e] for e in (0, 1)}
+    done = on[0][:5] + on[1][:4]
+    for t in done:
+        _finish(st, t)
+    return pol.on_event(TrajectoryFinished(done[-1], TrajStatus.DONE, 0), st)
+
+
+def test_an_empty_trainer_with_as_much_finished_as_live_gets_an_engine_even_packing_the_tail():
+    # hedge (do no harm): no engine empties -- a flat tail -- so without it the finished
+    # work waits for the batch's end while a fixed split would be training it
+    (release,) = [c for c in _flat_tail("elastic:staleness=1") if isinstance(c, Reassign)]
+    assert release.role is Role.TRAIN and len(release.gpus) == 1
+    assert not [c for c in _flat_tail("elastic:staleness=1,hedge=false") if isinstance(c, Reassign)]
+
+
 def test_oracle_needs_the_true_lengths():
     with pytest.raises(PolicyError, match="true number of turns"):
         Oracle()
