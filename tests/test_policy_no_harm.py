@@ -5,10 +5,10 @@ one), every policy on the same tasks, cost model and trained tokens.
 
 Known exceptions, stated in the README: on traces with *no* length spread (the
 ``uniform`` preset, not drawn here) at a handful of engines and steps, staleness-1 elastic
-lost up to ~7% to the best fixed split in this session's search (its moves cost switches
-that a tail-less workload never repays; a fixed split is optimal there); and the slow
-search below finds small long-tailed cases where it loses by a little more than 1% (see
-its xfail reason). The default-suite test draws a fixed set of examples (derandomized), so
+lost up to ~7% to the best fixed split in an earlier session's search (its moves cost
+switches that a tail-less workload never repays; a fixed split is optimal there); and the
+slow search below still finds small long-tailed cases where it loses by a little more than
+1% (one is pinned below with its measured gap). The default-suite test draws a fixed set of examples (derandomized), so
 it is not flaky; the slow one searches.
 """
 
@@ -97,7 +97,20 @@ def test_a_flat_tail_on_two_engines_does_not_starve_the_trainer():
     assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
 
 
-@pytest.mark.slow  # a search: today it finds the counterexample above and fails (run it to see)
+def test_known_counterexample_stays_within_its_measured_gap():
+    """What the slow search still finds (longtail-small, seed 1, 4 tasks x 2 samples per step,
+    tp 2, 4 engines, turns x0.1, 6 steps): the best async rolls out on one engine and trains
+    on three (rollout_fraction 0.25: 348.9 s); elastic k=1 is 354.6 s, 1.6% slower (the
+    earlier defaults: 353.3 s, 1.3%). With 8 trajectories a step there is almost no tail,
+    and every move of an engine between the roles costs a switch that a fixed split never
+    pays. Do no harm does not hold here; this pins the gap so that it cannot grow unnoticed
+    (and passes the day it closes)."""
+    seconds = _case(1, "longtail-small", 4, 2, 2, 4, 6, 0.1)
+    best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
+    assert seconds("elastic:staleness=1")[0] <= 1.02 * best
+
+
+@pytest.mark.slow  # a search: it still finds cases like the one pinned above (1 in 5 runs in session 29)
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases, st.sampled_from([3, 6]))
 def test_elastic_never_loses_on_long_tailed_traces_slow(case, steps):
