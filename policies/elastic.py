@@ -21,7 +21,9 @@ what it should do, and issues only the difference. What it should do:
   with a backlog to train the trainer keeps enough GPUs to train it within
   ``train_within`` of the last batch's rollout time (measured). With staleness k the end
   of step s releases batch s+k+1, so a trainer kept too small for its backlog delays
-  every later batch: a short window keeps that chain short.
+  every later batch: a short window keeps that chain short. No trainer is reserved
+  before anything has finished (``train_share`` 0); if no engine frees up for it (a flat
+  tail), it gets one anyway once as much has finished as still runs (``hedge``).
 
 * **Spread the tail that is left** (``steal``): an engine kept in rollout with nothing to
   do takes (``Move``) the trajectory predicted longest off an engine crowded with three
