@@ -169,10 +169,10 @@ def test_a_new_batch_takes_back_the_engines_it_needs_and_the_trainer_keeps_the_r
     assert len(back) == 1 and back[0].role is Role.ROLLOUT and len(back[0].gpus) == 3
 
 
-def test_by_default_with_staleness_every_gpu_rolls_out_first():
-    # train_share=0 (the default): no trainer is reserved before anything has finished
-    # (it would only idle); the two batches the staleness allows spread over all 8 engines
-    st, _ = _rolling_out(8, 1, 8, "elastic:staleness=1", steps=3)
+def test_with_train_share_0_every_gpu_rolls_out_first():
+    # train_share=0: no trainer is reserved before anything has finished; the two batches
+    # the staleness allows spread over all 8 engines
+    st, _ = _rolling_out(8, 1, 8, "elastic:staleness=1,train_share=0", steps=3)
     assert st.gpus_in(Role.TRAIN) == ()
     assert sorted(load for _, load in st.engine_loads()) == [2] * 8
 
@@ -206,12 +206,13 @@ def _backlog_then_release(spec: str) -> int:
 
 def test_the_trainer_keeps_enough_to_train_its_backlog_within_train_within_of_a_rollout():
     # backlog 4000 tokens x 0.01 GPU-s = 40 GPU-s. train_within=1 (the old rule): train it
-    # within the 20 s a rollout took -> keep 2 GPUs, give back the 4 engines batch 2 wants;
-    # the default 0.4: within 8 s -> keep 5 of 7, give back 2 (the trainer's step end
+    # within the 20 s a rollout took -> keep 2 GPUs, give back the 4 engines batch 2 wants
+    # (the default); 0.4: within 8 s -> keep 5 of 7, give back 2 (the trainer's step end
     # releases the batch after next: its backlog is on that chain); 0.1: keep all 7
-    assert _backlog_then_release("elastic:staleness=1,train_within=1") == 4
-    assert _backlog_then_release("elastic:staleness=1") == 2
-    assert _backlog_then_release("elastic:staleness=1,train_within=0.1") == 0
+    # (train_share=0: the scene below has no reserved trainer)
+    assert _backlog_then_release("elastic:staleness=1,train_share=0") == 4
+    assert _backlog_then_release("elastic:staleness=1,train_share=0,train_within=0.4") == 2
+    assert _backlog_then_release("elastic:staleness=1,train_share=0,train_within=0.1") == 0
 
 
 def _flat_tail(spec: str) -> list:
@@ -233,9 +234,9 @@ def _flat_tail(spec: str) -> list:
 def test_an_empty_trainer_with_as_much_finished_as_live_gets_an_engine_even_packing_the_tail():
     # hedge (do no harm): no engine empties -- a flat tail -- so without it the finished
     # work waits for the batch's end while a fixed split would be training it
-    (release,) = [c for c in _flat_tail("elastic:staleness=1") if isinstance(c, Reassign)]
+    (release,) = [c for c in _flat_tail("elastic:staleness=1,train_share=0") if isinstance(c, Reassign)]
     assert release.role is Role.TRAIN and len(release.gpus) == 1
-    assert not [c for c in _flat_tail("elastic:staleness=1,hedge=false") if isinstance(c, Reassign)]
+    assert not [c for c in _flat_tail("elastic:staleness=1,train_share=0,hedge=false") if isinstance(c, Reassign)]
 
 
 def test_oracle_needs_the_true_lengths():

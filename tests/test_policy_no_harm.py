@@ -73,35 +73,38 @@ def test_elastic_never_loses_on_small_long_tailed_traces(case):
     _check(_case(seed, preset, tasks, samples, tp, engines, 3, scale))
 
 
-def test_known_counterexample_is_now_within_tolerance():
+def test_known_counterexample_stays_within_its_measured_gap_and_closes_without_a_reserve():
     """The slow search's counterexample (longtail-small, seed 16, 4 tasks x 2 samples per step,
-    tp 4, 4 engines, turns x0.1, 6 steps): elastic k=1 was 411.5 s vs the best async 405.1 s,
-    1.6% slower, while it reserved a quarter of the GPUs for a trainer before anything had
-    finished and sized the trainer to train its backlog within a whole rollout's time. With
-    the trainer forming from freed engines (``train_share=0``) and kept to train its backlog
-    within 0.4 of a rollout (``train_within``) it is 406.6 s, 0.37% behind: do no harm (1%)
-    holds here now."""
+    tp 4, 4 engines, turns x0.1, 6 steps): elastic k=1 with its defaults is 411.5 s vs the
+    best async 405.1 s, 1.6% slower -- it reserves a quarter of the GPUs for a trainer before
+    anything has finished (``train_share`` 0.25). With the trainer forming from freed engines
+    (``train_share=0``) and kept to train its backlog within 0.4 of a rollout
+    (``train_within``) it is 406.6 s, 0.37% behind. Those are not the defaults: on the regime
+    map's training-heavy points they measured up to 23% slower (README, elastic bench). This
+    pins the default's gap so that it cannot grow unnoticed."""
     seconds = _case(16, "longtail-small", 4, 2, 4, 4, 6, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
-    assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
+    assert seconds("elastic:staleness=1")[0] <= 1.02 * best
+    assert seconds("elastic:staleness=1,train_share=0,train_within=0.4")[0] <= TOLERANCE * best
 
 
 def test_a_flat_tail_on_two_engines_does_not_starve_the_trainer():
-    """Found by the slow search once the trainer started empty (``train_share=0``):
+    """Found by the slow search with the trainer starting empty (``train_share=0``):
     longtail-small, seed 244, 4 tasks x 2 samples, tp 1, 2 engines, turns x0.1, 3 steps.
     Neither engine emptied until the batch was nearly over, so nothing trained: elastic k=1
     478.5 s vs the best async 453.8 s (5.4% behind). With ``hedge`` an engine goes to the
     empty trainer once as much has finished as still runs: 390.2 s."""
     seconds = _case(244, "longtail-small", 4, 2, 1, 2, 3, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
-    assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
+    assert seconds("elastic:staleness=1,train_share=0")[0] <= TOLERANCE * best
+    assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best  # (the default reserves one)
 
 
 def test_known_counterexample_stays_within_its_measured_gap():
     """What the slow search still finds (longtail-small, seed 1, 4 tasks x 2 samples per step,
     tp 2, 4 engines, turns x0.1, 6 steps): the best async rolls out on one engine and trains
-    on three (rollout_fraction 0.25: 348.9 s); elastic k=1 is 354.6 s, 1.6% slower (the
-    earlier defaults: 353.3 s, 1.3%). With 8 trajectories a step there is almost no tail,
+    on three (rollout_fraction 0.25: 348.9 s); elastic k=1 is 353.3 s, 1.3% slower
+    (``train_share=0,train_within=0.4``: 354.6 s, 1.6%). With 8 trajectories a step there is almost no tail,
     and every move of an engine between the roles costs a switch that a fixed split never
     pays. Do no harm does not hold here; this pins the gap so that it cannot grow unnoticed
     (and passes the day it closes)."""
@@ -110,7 +113,7 @@ def test_known_counterexample_stays_within_its_measured_gap():
     assert seconds("elastic:staleness=1")[0] <= 1.02 * best
 
 
-@pytest.mark.slow  # a search: it still finds cases like the one pinned above (1 in 5 runs in session 29)
+@pytest.mark.slow  # a search: it still finds cases like the one pinned above (1 in 5 runs in session 9)
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases, st.sampled_from([3, 6]))
 def test_elastic_never_loses_on_long_tailed_traces_slow(case, steps):
