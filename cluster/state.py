@@ -183,7 +183,7 @@ def _count(t: RolloutTally, es: EngineState, sign: int) -> None:
 
 class RoleList(list):
     """GPU roles that also keep the set of GPUs in each role, so ``gpus_in`` does not scan
-    every GPU on every call (drivers write ``state.roles[g] = role`` as before)."""
+    every GPU on every call (drivers change roles through ``ClusterState.set_roles``)."""
 
     __slots__ = ("by_role", "changed")
 
@@ -406,6 +406,41 @@ class ClusterState:
         (the cost model's memory floor; ``why`` names it in refusals)."""
         self.trainer_floor = (min_gpus, grow_unit)
         self._floor_why = why
+
+    # GPU roles, failures and GPUs waiting to leave the trainer: drivers change them only
+    # through these (tests/test_ownership.py), so the store is their one writer.
+    def set_roles(self, gpus: Iterable[GpuId], role: Role) -> None:
+        """``gpus`` take ``role`` now (a switch starts or ends, an engine is lost)."""
+        self.roles.assign(gpus, role)
+
+    def mark_failed(self, gpu: GpuId) -> None:
+        """``gpu`` failed: role IDLE, and no command may use it until :meth:`mark_recovered`."""
+        self.roles.assign((gpu,), Role.IDLE)
+        self.failed.add(gpu)
+
+    def mark_recovered(self, gpu: GpuId) -> None:
+        """A failed ``gpu`` is back (role IDLE, usable again)."""
+        self.failed.discard(gpu)
+
+    def leave_train_later(self, gpu: GpuId, group: int, role: Role) -> None:
+        """TRAIN ``gpu`` was asked (switch ``group``) to take ``role`` while a trainer job
+        runs: it keeps role TRAIN until the job ends (:meth:`take_leaving`)."""
+        self.leaving_train[gpu] = (group, role)
+
+    def take_leaving(self) -> dict[GpuId, tuple[int, Role]]:
+        """The trainer's job ended: every GPU waiting to leave (gpu -> (group, role)), and
+        none waits any more."""
+        leaving = self.leaving_train
+        if not leaving:
+            return {}
+        out = dict(leaving)
+        leaving.clear()
+        return out
+
+    def cancel_leaving(self, gpu: GpuId) -> tuple[int, Role] | None:
+        """``gpu`` will not leave the trainer after all (it failed): its (group, role), if it
+        was waiting."""
+        return self.leaving_train.pop(gpu, None)
 
     def add_engine(self, es: EngineState) -> None:
         """``es`` serves rollout from now on (it counts unless it is draining)."""

@@ -66,7 +66,7 @@ class Faults:
     rate timers' and the outpacing check's counters. Calls the rollout core (``core``:
     trajectories to stop, engines to close, timers, events), the roles (``roles``: switch
     groups a failed GPU leaves) and the trainer (``training``); marks failed GPUs in the
-    store (``state.failed``, ``state.roles``).
+    store through its driver API (``state.mark_failed``/``mark_recovered``).
     """
 
     def __init__(self, schedule: FaultSchedule | None, core: Lifecycle, roles: Roles,
@@ -185,8 +185,7 @@ class Faults:
             what = "role switch cut short"
         else:
             what = "idle GPU"
-        st.roles[g] = Role.IDLE
-        st.failed.add(g)
+        st.mark_failed(g)
         self.gpus.set((g,), GpuState.FAILED, now)
         self.fail_since[g] = now
         self.fail_token[g] = token = self.fail_token.get(g, 0) + 1
@@ -224,15 +223,14 @@ class Faults:
             if others:
                 self.roles.start_switch(others, gid, role)
         elif others:
-            for x in others:
-                st.roles[x] = Role.IDLE
+            st.set_roles(others, Role.IDLE)
             self.gpus.set(others, GpuState.IDLE, self.core.now)
         return hit
 
     def _recover_gpu(self, g: int, token: int) -> None:
         if self.fail_token.get(g) != token or g not in self.state.failed:
             return
-        self.state.failed.discard(g)
+        self.state.mark_recovered(g)
         self.stats["failed_gpu_seconds"] += self.core.now - self.fail_since.pop(g)
         self.gpus.set((g,), GpuState.IDLE, self.core.now)
         self.core.emit(WorkerRecovered(g))

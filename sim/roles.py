@@ -67,7 +67,7 @@ class Roles:
             if st.roles[g] is Role.ROLLOUT:
                 by_engine.setdefault(st.engine_of(g), []).append(g)
             elif st.roles[g] is Role.TRAIN and self.queue.running is not None:
-                st.leaving_train[g] = (gid, role)
+                st.leave_train_later(g, gid, role)
             else:
                 direct.append(g)
         if direct:  # they switch together (as live: one SwitchStart for them)
@@ -78,13 +78,12 @@ class Roles:
     def release_leaving(self) -> None:
         """The trainer's job ended (or was aborted): GPUs asked to leave training go now,
         those of one Reassign together."""
-        leaving = self.state.leaving_train
+        leaving = self.state.take_leaving()
         if not leaving:
             return
         by_group: dict[tuple[int, Role], list[int]] = {}
         for g, key in sorted(leaving.items()):
             by_group.setdefault(key, []).append(g)  # type: ignore[arg-type]
-        leaving.clear()
         for (gid, role), gs in by_group.items():
             self.start_switch(tuple(gs), gid, role)
 
@@ -112,7 +111,7 @@ class Roles:
         training = [g for g in gpus if roles[g] is Role.TRAIN]
         if training:
             self.training.trainer.remove_all(training)
-        roles.assign(gpus, Role.SWITCHING)
+        st.set_roles(gpus, Role.SWITCHING)
         for g in gpus:
             switch_gid[g] = gid
         self.gpus.set(gpus, GpuState.SWITCH, now)
@@ -162,7 +161,7 @@ class Roles:
             gpus = tuple(g for g in gpus if switch_gid.get(g) == gid)
             if not gpus:
                 return
-        st.roles.assign(gpus, role)
+        st.set_roles(gpus, role)
         for g in gpus:
             del switch_gid[g]
         if role is Role.ROLLOUT:
@@ -197,9 +196,7 @@ class Roles:
     def _orphaned(self, gpus: tuple[int, ...], gid: int) -> None:
         """GPUs that switched to ROLLOUT but cannot form their engine go IDLE; their group
         reports without them."""
-        st = self.state
-        for g in gpus:
-            st.roles[g] = Role.IDLE
+        self.state.set_roles(gpus, Role.IDLE)
         self.gpus.set(gpus, GpuState.IDLE, self.core.now)
         grp = self._switch_groups.get(gid)
         if grp is not None:
@@ -218,9 +215,9 @@ class Roles:
 
     def cut_leaving(self, g: int) -> None:
         """Trainer GPU ``g`` failed while waiting to leave: its group reports without it."""
-        if g in self.state.leaving_train:
-            gid, _ = self.state.leaving_train.pop(g)
-            self.group_drop(gid, g)
+        leaving = self.state.cancel_leaving(g)
+        if leaving is not None:
+            self.group_drop(leaving[0], g)
 
     def group_drop(self, gid: int, g: int) -> None:
         """GPU ``g`` will not finish its switch (it failed): the group reports without it."""

@@ -7,6 +7,11 @@
 - A trajectory's placement fields (status, engine, pinning, dispatch/finish/training
   bookkeeping) are assigned only in ``cluster/state.py`` (``ClusterState``'s driver API):
   no driver module and not the driver loop writes them directly.
+- The GPU-level store -- roles, failed GPUs, GPUs waiting to leave the trainer -- is changed
+  only through ``ClusterState``'s driver API (``set_roles``, ``mark_failed``,
+  ``mark_recovered``, ``leave_train_later``, ``take_leaving``, ``cancel_leaving``): no
+  item assignment, ``del`` or mutating call on ``.roles``/``.failed``/``.leaving_train``
+  (nor ``RoleList.assign``) outside ``cluster/state.py``.
 """
 
 import ast
@@ -45,6 +50,38 @@ def _placement_writes(path: Path) -> list[str]:
     return bad
 
 
+GPU_FIELDS = {"roles", "failed", "leaving_train"}
+MUTATORS = {"add", "discard", "remove", "pop", "popitem", "clear", "update", "setdefault",
+            "append", "extend", "insert", "difference_update", "intersection_update",
+            "symmetric_difference_update", "sort", "reverse"}
+
+
+def _gpu_field(node: ast.expr) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr in GPU_FIELDS
+
+
+def _gpu_store_writes(path: Path) -> list[str]:
+    """``x.roles[g] = ..``, ``del x.leaving_train[g]``, ``x.failed.add(g)``, ``roles.assign(..)``."""
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[ast.expr] = []
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for t in targets:
+            for x in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                if isinstance(x, ast.Subscript) and _gpu_field(x.value):
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} .{x.value.attr}[]")  # type: ignore[attr-defined]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            f = node.func
+            roles_alias = isinstance(f.value, ast.Name) and f.value.id == "roles"
+            if (f.attr in MUTATORS and _gpu_field(f.value)) or (
+                    f.attr == "assign" and (_gpu_field(f.value) or roles_alias)):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} .{f.attr}()")
+    return bad
+
+
 def test_backends_call_only_public_methods():
     bad = []
     for rel in ("sim/backend.py", "real/loop/backend.py"):
@@ -80,12 +117,44 @@ def test_trajectory_placement_is_written_only_by_cluster_state():
     assert bad == []
 
 
+def test_gpu_roles_failures_and_leaving_are_written_only_by_cluster_state():
+    bad = []
+    for part in ("sim", "real", "cluster"):
+        for path in sorted((ROOT / part).rglob("*.py")):
+            if path != ROOT / "cluster" / "state.py":
+                bad += _gpu_store_writes(path)
+    assert bad == []
+
+
+def test_cluster_state_gpu_api_keeps_the_role_index():
+    from rlsched.cluster.ids import Role
+    from rlsched.cluster.state import ClusterState
+
+    st = ClusterState(8, 2, [[("t0", "a")]], 1)
+    st.set_roles((0, 1, 2, 3), Role.TRAIN)
+    st.leave_train_later(2, 7, Role.ROLLOUT)
+    st.leave_train_later(3, 7, Role.ROLLOUT)
+    assert st.gpus_in(Role.TRAIN) == (0, 1, 2, 3) and st.leaving_gpus() == (2, 3)
+    st.mark_failed(3)
+    assert st.cancel_leaving(3) == (7, Role.ROLLOUT) and st.cancel_leaving(3) is None
+    assert st.role(3) is Role.IDLE and st.failed_gpus() == (3,)
+    assert st.gpus_in(Role.TRAIN) == (0, 1, 2)
+    assert st.take_leaving() == {2: (7, Role.ROLLOUT)}
+    assert st.take_leaving() == {} and st.leaving_gpus() == ()
+    st.mark_recovered(3)
+    assert st.failed_gpus() == () and st.role(3) is Role.IDLE
+
+
 def test_the_checks_can_fail(tmp_path):
-    (tmp_path / "x.py").write_text("def f(ts, d):\n    ts.status = 1\n    d.core._queue.append(1)\n")
+    (tmp_path / "x.py").write_text("def f(ts, d):\n    ts.status = 1\n    d.core._queue.append(1)\n"
+                                   "    d.st.roles[0] = 1\n    d.st.failed.add(0)\n    del d.leaving_train[0]\n"
+                                   "    roles = d.st.roles\n    roles.assign((0,), 1)\n    d.st.set_roles((0,), 1)\n")
     global ROOT
     saved, ROOT = ROOT, tmp_path
     try:
         assert _placement_writes(tmp_path / "x.py") == ["x.py:2 .status"]
         assert _private_reaches(tmp_path / "x.py") == ["x.py:3 ._queue"]
+        assert sorted(_gpu_store_writes(tmp_path / "x.py")) == [
+            "x.py:4 .roles[]", "x.py:5 .add()", "x.py:6 .leaving_train[]", "x.py:8 .assign()"]
     finally:
         ROOT = saved

@@ -139,8 +139,7 @@ def _fail_gpu(h: LiveDriver, f: Fault, g: int | None) -> None:
     fs.stats["trajectory_interruptions"] += len(hit)
     fs.hit.update(hit)
     now = h.now()
-    st.roles[g] = Role.IDLE
-    st.failed.add(g)
+    st.mark_failed(g)
     h.timeline.set((g,), GpuState.FAILED, now)
     fs.fail_since[g] = now
     fs.fail_token[g] = token = fs.fail_token.get(g, 0) + 1
@@ -154,7 +153,7 @@ def _recover_gpu(h: LiveDriver, g: int, token: int) -> None:
     assert fs is not None
     if fs.fail_token.get(g) != token or g not in st.failed:
         return
-    st.failed.discard(g)
+    st.mark_recovered(g)
     fs.stats["failed_gpu_seconds"] += h.now() - fs.fail_since.pop(g)
     h.timeline.set((g,), GpuState.IDLE, h.now())
     h.emit(WorkerRecovered(g))
@@ -208,9 +207,9 @@ def _fail_trainer_gpu(h: LiveDriver, g: int) -> str:
     ``restart_s`` from the last step's checkpoint (none left: when GPUs come back)."""
     fs, roles = h.faults, h.roles
     assert fs is not None
-    if g in h.st.leaving_train:
-        gid, _ = h.st.leaving_train.pop(g)
-        roles._group_drop(gid, g)
+    leaving = h.st.cancel_leaving(g)
+    if leaving is not None:
+        roles._group_drop(leaving[0], g)
     roles.trainer_slots = [s for s in roles.trainer_slots if s != g]
     h.lane.crash()
     lost = h.training.abort_step()

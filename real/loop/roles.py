@@ -47,7 +47,7 @@ class Roles:
             if st.roles[g] is Role.ROLLOUT:
                 by_engine.setdefault(st.engine_of(g), []).append(g)
             elif st.roles[g] is Role.TRAIN and self.h.training.job_running:
-                self.h.st.leaving_train[g] = (gid, role)
+                st.leave_train_later(g, gid, role)
             else:
                 direct.append(g)
         if direct:
@@ -57,8 +57,7 @@ class Roles:
 
     def release_leaving(self) -> None:
         """The trainer's job ended: GPUs asked to leave training go now."""
-        leaving = dict(self.h.st.leaving_train)
-        self.h.st.leaving_train.clear()
+        leaving = self.h.st.take_leaving()
         by_group: dict[tuple[int, Role], list[int]] = {}
         for g, key in sorted(leaving.items()):
             by_group.setdefault(key, []).append(g)
@@ -102,8 +101,7 @@ class Roles:
         h = self.h
         st, now = h.st, h.now()
         leaving_train = [g for g in gpus if st.roles[g] is Role.TRAIN]
-        for g in gpus:
-            st.roles[g] = Role.SWITCHING
+        st.set_roles(gpus, Role.SWITCHING)
         h.timeline.set(gpus, GpuState.SWITCH, now)
         h.rec.event(now, "SwitchStart", detail=f"{role.value} {ids_text(gpus)}")
         t0 = time.perf_counter()
@@ -173,8 +171,7 @@ class Roles:
     def _end_switch(self, gpus: tuple[int, ...], gid: int, role: Role, t0: float) -> None:
         h = self.h
         st, now = h.st, h.now()
-        for g in gpus:
-            st.roles[g] = role
+        st.set_roles(gpus, role)
         if role is Role.ROLLOUT:
             for e in sorted({st.engine_of(g) for g in gpus}):
                 h.rollout.touch(e)
@@ -211,8 +208,7 @@ class Roles:
             rt = h.rollout.rt[tid]
             rt.pending_abort = rt.want_turn = False
             h.finish(tid, TrajStatus.INTERRUPTED, e)
-        for g in es.gpus:
-            h.st.roles[g] = Role.IDLE
+        h.st.set_roles(es.gpus, Role.IDLE)
         h.timeline.set(es.gpus, GpuState.IDLE, h.now())
         if failed is not None:
             switch = self._engine_switch.pop(e, None)
