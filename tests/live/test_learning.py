@@ -26,7 +26,7 @@ pytestmark = pytest.mark.live
 LEARN = {  # configs/live-learn.toml's [live] table
     "env": "lookup", "tasks_per_step": 4, "samples_per_task": 16, "max_turns": 3,
     "max_tokens_per_turn": 16, "max_observation_tokens": 64, "kv_cache_mb": 64, "tool_seconds": 5.0,
-    "lr": 1e-3, "warm_start_steps": 150, "warm_start_lr": 3e-3, "warm_start_tool_share": 0.15,
+    "lr": 3e-4, "warm_start_steps": 150, "warm_start_lr": 3e-3, "warm_start_tool_share": 0.15,
     "max_wall_s": 1500.0,
 }
 STEPS = 20
