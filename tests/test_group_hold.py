@@ -3,8 +3,8 @@ before the rest of its group finished is trained with the whole group's baseline
 (``real/train/samples.py``), not one over the members finished so far.
 
 Before the fix the live trainer normalised each micro-batch over the group members settled
-at that moment: streaming a 4-member group one trajectory at a time gave advantages
-0, -1, +1.15, +1 instead of the group's -1, -1, +1, +1."""
+at that moment: streaming a 4-member group one trajectory at a time (rewards 0, 0, 1, 1 in
+finishing order) gave advantages 0, 0, +1.41, +1 instead of the group's -1, -1, +1, +1."""
 
 from __future__ import annotations
 
@@ -76,8 +76,8 @@ def test_per_micro_batch_baseline_differs_from_the_groups() -> None:
     # ones are normalised over early finishers only
     trajs, st, full = _setup([0.0, 0.0, 1.0, 1.0])
     trained = _stream(trajs, st, ["s0-a-1", "s0-a-0", "s0-a-3", "s0-a-2"], hold=None)
-    assert trained[3 + 1] == 0.0 and full[3 + 1] < 0
-    assert trained != full
+    assert trained[4] == trained[3] == 0.0 and full[4] == full[3] < 0
+    assert abs(trained[6] - 2 ** 0.5) < 1e-4 and trained != full
 
 
 def test_members_wait_and_the_tokens_are_charged_when_sent() -> None:
