@@ -32,7 +32,7 @@ class FakeLane:
         self.jobs.append(("micro", Future()))
         return self.jobs[-1][1]
 
-    def optimizer_step(self) -> Future:
+    def optimizer_step(self, last: list | None = None) -> Future:  # (last: samples that waited for their group)
         self.jobs.append(("optimizer", Future()))
         return self.jobs[-1][1]
 

@@ -28,7 +28,7 @@ from rlsched.real.loop.fault_inject import (
     sync_should_fail,
     trainer_job_started,
 )
-from rlsched.real.train.samples import micro_batch_samples
+from rlsched.real.train.samples import GroupHold
 
 if TYPE_CHECKING:
     from rlsched.real.loop.driver import LiveDriver
@@ -48,6 +48,9 @@ class Training:
         self._done_micro: list[tuple[MicroBatchJob, float]] = []
         self._running: tuple[tuple[int, ...], float] | None = None
         self._epoch = 0
+        # trajectories sent to the trainer whose GRPO group has members still generating:
+        # trained once the group settles, at the latest with the optimizer step (samples.py)
+        self.hold = GroupHold()
 
     @property
     def job_running(self) -> bool:
@@ -68,11 +71,13 @@ class Training:
         h.timeline.set(gpus, GpuState.TRAIN, h.now(), step=st.version)
         epoch, self._running = self._epoch, (gpus, h.now())
         if isinstance(job, MicroBatchJob):
-            samples, tokens = micro_batch_samples(h.trajs, st, job.trajectories, processor=h.lane.processor)
+            samples, tokens = self.hold.take(h.trajs, st, job.trajectories, processor=h.lane.processor)
             self.trained_tokens.update(tokens)
             fut = h.lane.micro_batch(samples)
         else:
-            fut = h.lane.optimizer_step()
+            fut = h.lane.optimizer_step(self.hold.flush(h.trajs, st, processor=h.lane.processor))
+            if h.lane.processor:
+                self.trained_tokens.update(self.hold.flushed_tokens)
         h.submit(outcome(fut), lambda r: self._job_done(job, gpus, r, epoch))
         trainer_job_started(h)  # an armed [faults] trainer fault crashes this job
 
@@ -89,6 +94,8 @@ class Training:
             h.stats["micro_batch"].append(r)
             self._done_micro.append((job, r["seconds"] * len(gpus)))
         else:
+            if "flushed" in r:  # the held samples trained just before the update
+                h.stats["micro_batch"].append(r.pop("flushed"))
             h.stats["optimizer"].append(r)
             self._published = r
             self._done_micro = []
@@ -111,6 +118,7 @@ class Training:
         h.loop.trainer.requeue(elapsed, [job for job, _ in self._done_micro])
         self._running = None
         self._done_micro = []
+        self.hold.clear()  # the re-run micro-batches hold their trajectories again
         self._epoch += 1
         return lost
 

@@ -140,10 +140,14 @@ class TrainerLane:
         stats["version"] = self.version  # the weights it was trained at: its step's, for the record
         return stats
 
-    def optimizer_step(self) -> Future[dict]:
-        return self._pool.submit(self._optimizer_step)
+    def optimizer_step(self, last: list[Any] | None = None) -> Future[dict]:
+        """The step's optimizer update; ``last``: samples to train first, in the same job
+        (those that waited for their GRPO group, ``samples.GroupHold.flush``) -- their
+        micro-batch result comes back as ``flushed``."""
+        return self._pool.submit(self._optimizer_step, list(last or []))
 
-    def _optimizer_step(self) -> dict:
+    def _optimizer_step(self, last: list[Any]) -> dict:
+        flushed = self._micro_batch(last) if last else None
         t0 = time.perf_counter()
         empty = self.pending_tokens == 0
         if not empty:
@@ -166,6 +170,7 @@ class TrainerLane:
             "export_seconds": t2 - t1, "nbytes": pub.nbytes,
             "checkpoint_seconds": time.perf_counter() - t2, "seconds": time.perf_counter() - t0,
             "learning": self.learning.row(),
+            **({"flushed": flushed} if flushed is not None else {}),
         }
 
     def shutdown(self) -> None:

@@ -26,15 +26,17 @@ pytestmark = pytest.mark.live
 LEARN = {  # configs/live-learn.toml's [live] table
     "env": "lookup", "tasks_per_step": 4, "samples_per_task": 16, "max_turns": 3,
     "max_tokens_per_turn": 16, "max_observation_tokens": 64, "kv_cache_mb": 64, "tool_seconds": 5.0,
-    "lr": 1e-3, "warm_start_steps": 150, "warm_start_lr": 3e-3, "warm_start_tool_share": 0.15,
+    "lr": 3e-4, "warm_start_steps": 150, "warm_start_lr": 3e-3, "warm_start_tool_share": 0.15,
     "max_wall_s": 1500.0,
 }
 STEPS = 20
 # Stated margin: the mean reward of the last 4 steps is at least this much above the first
 # 4 steps'. Measured live on the 2-core development machine, seed 0, this test's run
-# (async k=0): first-4 mean 0.125, last-4 mean 0.926; colocated gave the identical rewards
-# over its 15 measured steps (0.156 at step 0 -> 0.859 at step 14).
-MARGIN = 0.3
+# (async k=0) at the config's lr 3e-4: first-4 mean 0.094, last-4 mean 0.391 (+0.297). At
+# the earlier lr 1e-3 the same run gave 0.125 -> 0.926, but 1e-3 wrecked the policy for
+# other seeds (seed 1: reward 0 from the second step on; issue #25), so the config trades
+# speed for stability and the margin follows the slower rise.
+MARGIN = 0.2
 
 
 def test_engine_records_behaviour_logprobs_and_versions(engine) -> None:
