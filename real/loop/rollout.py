@@ -72,28 +72,91 @@ class Rollout:
 
     # ------------------------------------------------------------- dispatch
     def dispatch(self, tid: str, e: int) -> None:
+        """``Dispatch`` to engine ``e``: pinned there (it runs every turn there)."""
         st = self.h.st
-        if st.trajs[tid].status is TrajStatus.INTERRUPTED:
+        ts = st.trajs[tid]
+        if ts.status is TrajStatus.INTERRUPTED:
             st.mark_resumable(tid)
         st.mark_active(tid, TrajStatus.QUEUED, e)
+        ts.pinned = True
+        if self.rt[tid].in_env:
+            return  # interrupted in a tool call that still runs: it queues when the call returns
         st.engines_[e].enqueue(tid)
         self.admit(e)
 
+    def dispatch_unbound(self, tids: tuple[str, ...] | list[str]) -> None:
+        """``Dispatch`` without an engine (late binding, as the simulator's): into the
+        cluster queue (``ClusterState.unbound``), then placed head first, each on the
+        least-loaded engine on which it fits (:meth:`place_all`); what fits nowhere waits
+        there until an engine frees room (:meth:`admit`)."""
+        st = self.h.st
+        for tid in tids:
+            ts = st.trajs[tid]
+            if ts.status is TrajStatus.INTERRUPTED:
+                st.mark_resumable(tid)
+            st.mark_active(tid, TrajStatus.QUEUED, None)  # type: ignore[arg-type]
+            ts.pinned = False
+            if not self.rt[tid].in_env:  # (in a tool call: it queues when the call returns)
+                st.enqueue_unbound(tid)
+        self.place_all()
+
+    def _need(self, tid: str) -> int:
+        """KV tokens admission reserves for ``tid``: its context (with the turn's output so
+        far) and a whole turn's output."""
+        return len(self.h.trajs[tid].context()) + self.h.settings.max_tokens_per_turn
+
+    def _fits(self, e: int, tid: str) -> bool:
+        """Engine ``e`` has a sequence slot and KV room for ``tid`` now (an empty engine
+        always takes one: vLLM then preempts or truncates, as for a pinned one)."""
+        es = self.h.st.engines_[e]
+        if e not in self.engines or es.draining or len(es.running) >= self.h.settings.max_num_seqs:
+            return False
+        return not es.running or es.kv_used + self._need(tid) <= es.kv_capacity
+
+    def place_all(self) -> None:
+        """Admit the cluster queue, head first, each on the least-loaded active engine
+        (running + queued, lowest id) on which it fits; stop at the first that fits
+        nowhere (FIFO), as ``sim.lifecycle.Lifecycle._place_all``."""
+        st = self.h.st
+        while st.unbound:
+            tid = st.unbound[0]
+            for e, _ in sorted(st.engine_loads(), key=lambda x: (x[1], x[0])):
+                if self._fits(e, tid):
+                    self._admit_unbound(tid, e)
+                    break
+            else:
+                return
+
+    def _admit_unbound(self, tid: str, e: int) -> None:
+        st = self.h.st
+        es = st.engines_[e]
+        need = self._need(tid)
+        st.take_unbound(tid)
+        ts = st.trajs[tid]
+        ts.engine, ts.status = e, TrajStatus.RUNNING
+        es.admit(tid)
+        es.set_kv(es.kv_used + need)
+        self.start(tid)
+        self.touch(e)
+
     def admit(self, e: int) -> None:
-        """Admit queued trajectories while the engine has sequence and KV room (FIFO)."""
-        st, s = self.h.st, self.h.settings
+        """Admit queued trajectories while the engine has sequence and KV room: its own
+        queue first (FIFO), then the cluster queue's head while it fits here."""
+        st = self.h.st
         es = st.engines_.get(e)
         if es is None:
             return
         while es.queue and not es.draining:
             tid = es.queue[0]
-            need = len(self.h.trajs[tid].context()) + s.max_tokens_per_turn
-            if len(es.running) >= s.max_num_seqs or (es.running and es.kv_used + need > es.kv_capacity):
+            if not self._fits(e, tid):
                 break
+            need = self._need(tid)
             es.dequeue(admit=True)
             es.set_kv(es.kv_used + need)
             st.trajs[tid].status = TrajStatus.RUNNING
             self.start(tid)
+        while st.unbound and not es.queue and e in st.engines_ and self._fits(e, st.unbound[0]):
+            self._admit_unbound(st.unbound[0], e)
         self.touch(e)
 
     def start(self, tid: str) -> None:
@@ -192,6 +255,12 @@ class Rollout:
                 rt.pending_abort = rt.want_turn = False
             else:  # aborted by a move or an interrupt: progress kept
                 rt.pending_abort = False
+                ts = self.h.st.trajs[tid]
+                if ts.engine != e and ts.status in (TrajStatus.QUEUED, TrajStatus.RUNNING):
+                    self.h.rec.event(self.h.now(), "Note", engine=e, trajectory=tid, detail=(
+                        f"moved mid-turn: {len(out.token_ids)} tokens kept ({len(t.partial)} of the turn so far); "
+                        f"it continues the turn {'on engine ' + str(ts.engine) if ts.engine is not None else 'where it is placed'}, "
+                        "its context prefilled again (no KV transfer between live engines)"))
                 if rt.want_turn:
                     rt.want_turn = False
                     self.request(tid)
@@ -244,21 +313,60 @@ class Rollout:
         if ts.status is TrajStatus.RUNNING:
             if t.done or t.truncated:
                 self.complete(tid, TrajStatus.DONE if t.done else TrajStatus.TIMED_OUT)
+            elif not ts.pinned and self._requeue_if_full(tid):
+                return
             else:
                 self.request(tid)
         elif ts.status is TrajStatus.QUEUED:
-            # moved off its engine during tool time: join the queue where it was sent
-            e = ts.engine
-            es = self.h.st.engines_.get(e) if e is not None else None
-            if es is None or es.draining:
-                if not self.h.st.engines():
-                    self.h.finish(tid, TrajStatus.INTERRUPTED, e if e is not None else -1, note="no rollout engine left")
-                    return
-                e = ts.engine = self.h.st.least_loaded()
-            self.h.st.engines_[e].enqueue(tid)
-            self.admit(e)
+            self._rejoin(tid)
         if ts.engine in self.engines:
             self.touch(ts.engine)
+
+    def _rejoin(self, tid: str) -> None:
+        """Moved (or dispatched) during tool time: join the queue of the engine it is
+        pinned to, else (unpinned, or that engine has left rollout) the cluster queue's
+        head -- as ``sim.lifecycle.Lifecycle._rejoin_after_tool``."""
+        st = self.h.st
+        ts = st.trajs[tid]
+        e = ts.engine
+        es = st.engines_.get(e) if e is not None and ts.pinned else None
+        if es is not None and tid in es.queue:
+            self.admit(e)  # (a move crossed its turn's end: it already waits there)
+            return
+        if es is None or es.draining:
+            if not st.engines():
+                self.h.finish(tid, TrajStatus.INTERRUPTED, e if e is not None else -1, note="no rollout engine left")
+                return
+            if tid not in st.unbound:
+                st.enqueue_unbound(tid, front=True)
+            self.place_all()
+            return
+        es.enqueue(tid)
+        self.admit(es.id)
+
+    def _requeue_if_full(self, tid: str) -> bool:
+        """Late binding: an unpinned trajectory whose next turn no longer fits its
+        engine's KV (its context grew by the tool's observation) leaves it for the
+        cluster queue's head, to be placed where it fits -- the simulator's ``Requeue``
+        (``Lifecycle._wait_for_kv``). Its context is prefilled again there."""
+        st = self.h.st
+        ts = st.trajs[tid]
+        e = ts.engine
+        es = st.engines_.get(e) if e is not None else None
+        if es is None or len(es.running) < 2:
+            return False  # alone on its engine: it stays (vLLM preempts or truncates)
+        s = self.h.settings
+        used = sum(len(self.h.trajs[x].context()) + s.max_tokens_per_turn for x in es.running)
+        if used <= es.kv_capacity:
+            return False
+        self.h.rec.event(self.h.now(), "Requeue", engine=e, trajectory=tid,
+                         detail=f"{len(self.h.trajs[tid].token_ids)} tokens of context")
+        self.detach(tid, e)
+        ts.status = TrajStatus.QUEUED
+        st.enqueue_unbound(tid, front=True)
+        self.place_all()
+        self.admit(e)
+        return True
 
     # ------------------------------------------------------- leaving an engine
     def complete(self, tid: str, status: TrajStatus, note: str = "") -> None:
@@ -291,21 +399,74 @@ class Rollout:
             self.touch(e)
 
     def move_out(self, tid: str, e: int) -> None:
-        """Migrate ``tid`` off engine ``e`` to the least-loaded other engine."""
+        """Migrate ``tid`` off engine ``e``, which leaves rollout, to the head of the
+        cluster queue, unpinned, and place it (``Lifecycle._move_out``)."""
+        self.move(tid, None)
+        self.place_all()
+
+    def move_all(self, tids: tuple[str, ...], dest: int | None) -> None:
+        """The ``Move`` command: each of ``tids`` in turn, then admission where they went
+        and on the engines they left (``Lifecycle._move_all``). Sent to the cluster queue,
+        they keep their order at its head."""
+        st = self.h.st
+        left: dict[int, None] = {}
+        for tid in (reversed(tids) if dest is None else tids):
+            e = st.trajs[tid].engine
+            self.move(tid, dest)
+            if e is not None and e != dest:
+                left[e] = None
+        if dest is not None:
+            self.admit(dest)
+        self.place_all()
+        for e in left:
+            es = st.engines_.get(e)
+            if es is not None and not es.draining:
+                self.admit(e)
+
+    def move(self, tid: str, dest: int | None) -> None:
+        """``Move`` one trajectory (queued or running) to engine ``dest`` (pinned) or, with
+        None, to the head of the cluster queue (unpinned) -- ``Lifecycle._move``. The
+        caller admits.
+
+        Where it is decoding, its request is aborted and the tokens it generated so far
+        are kept (``detach``; they come back in the engine's next reply); the turn goes on
+        where it is admitted next, by prefilling its context *and* those tokens again --
+        live engines hand no KV to each other (vLLM on CPU has no KV connector), so a
+        move costs a re-prefill, as the cost model's ``migrate_s`` by prefill. In a tool
+        call it is only rebound: its next turn is requested on the new engine when the
+        call returns (:meth:`_rejoin`). A context that was resident (admitted) on its
+        engine is recorded as ``Migrate``, as in the simulator."""
         st = self.h.st
         ts = st.trajs[tid]
-        dest = st.least_loaded()
-        self.h.rec.event(self.h.now(), "Migrate", engine=dest, trajectory=tid, detail=f"from {e}")
-        self.detach(tid, e)
-        ts.migrations += 1
-        ts.engine, ts.status = dest, TrajStatus.QUEUED
-        if not self.rt[tid].in_env:  # in tool time it joins the queue when the call returns
-            st.engines_[dest].enqueue(tid)
-            self.admit(dest)
+        e = ts.engine
+        if e is not None and e == dest:  # unpinned and already there: pin it
+            ts.pinned = True
+            return
+        if e is None:
+            st.take_unbound(tid)
+        else:
+            es = st.engines_.get(e)
+            had_kv = es is not None and tid in es.running
+            self.detach(tid, e)
+            if had_kv:
+                ts.migrations += 1
+                self.h.rec.event(self.h.now(), "Migrate", engine=-1 if dest is None else dest,
+                                 trajectory=tid, detail=f"from {e}")
+        ts.status = TrajStatus.QUEUED
+        in_env = self.rt[tid].in_env  # (in tool time it joins when the tool call returns)
+        if dest is None:
+            ts.engine, ts.pinned = None, False
+            if not in_env:
+                st.enqueue_unbound(tid, front=True)
+        else:
+            ts.engine, ts.pinned = dest, True
+            if not in_env:
+                st.engines_[dest].enqueue(tid)
 
     def interrupt(self, tid: str, keep: bool) -> None:
         ts = self.h.st.trajs[tid]
         e = ts.engine if ts.engine is not None else -1
+        self.h.st.take_unbound(tid)
         self.detach(tid, e)
         rt = self.rt[tid]
         if not keep:
