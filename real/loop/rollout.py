@@ -463,6 +463,14 @@ class Rollout:
             if not in_env:
                 st.engines_[dest].enqueue(tid)
 
+    def strand_unbound(self) -> None:
+        """No active rollout engine is left: the cluster queue's trajectories stop, their
+        finished turns kept, for the policy to dispatch again once engines are back
+        (``Roles._strand_unbound`` in the simulator)."""
+        st = self.h.st
+        while st.unbound:
+            self.interrupt(st.unbound[0], keep=True)
+
     def interrupt(self, tid: str, keep: bool) -> None:
         ts = self.h.st.trajs[tid]
         e = ts.engine if ts.engine is not None else -1
