@@ -57,6 +57,7 @@ class TrajRuntime:
     in_env: bool = False  # an env.reset/env.step call is running
     pending_abort: bool = False  # its request was aborted; the partial output is on its way
     want_turn: bool = False  # request the next generation once the partial output arrived
+    drop_partial: bool = False  # interrupted keeping progress: the turn in progress is lost
     turn_seq: int = 0
     turn_version: int = -1
     last_output: int = 0
@@ -250,10 +251,20 @@ class Rollout:
                 t.generated += len(out.token_ids)
                 continue
             version = min(rt.turn_version, rep.version) if rt.turn_version >= 0 else rep.version
+            if rt.drop_partial and not out.finished:  # interrupted mid-turn: the turn is lost
+                rt.drop_partial = rt.pending_abort = False
+                t.generated += len(out.token_ids)
+                t.wasted += len(out.token_ids)
+                _drop_partial(t, rt)
+                if rt.want_turn:
+                    rt.want_turn = False
+                    self.request(tid)
+                continue
+            rt.drop_partial = False  # (a finished turn is kept, as every finished turn)
             t.add_output(out.token_ids, version, out.logprobs, out.versions)
             if out.finished:  # an abort that crossed the finished turn: nothing more comes
                 rt.pending_abort = rt.want_turn = False
-            else:  # aborted by a move or an interrupt: progress kept
+            else:  # aborted by a move: progress kept
                 rt.pending_abort = False
                 ts = self.h.st.trajs[tid]
                 if ts.engine != e and ts.status in (TrajStatus.QUEUED, TrajStatus.RUNNING):
@@ -477,7 +488,15 @@ class Rollout:
         self.h.st.take_unbound(tid)
         self.detach(tid, e)
         rt = self.rt[tid]
-        if not keep:
+        if keep:
+            # ``keep_progress`` keeps the finished turns (the contract, and the simulator):
+            # the turn in progress is lost -- now, or when the aborted request's tokens
+            # come back (unless it had finished meanwhile: then it is a finished turn)
+            if rt.pending_abort:
+                rt.drop_partial = True
+            else:
+                _drop_partial(self.h.trajs[tid], rt)
+        else:
             self.h.trajs[tid].restart()
             rt.epoch += 1  # late results of the old attempt are dropped
             rt.pending_abort = rt.want_turn = False
@@ -518,6 +537,14 @@ class Rollout:
         """No request, abort or step outstanding: the actor may be stopped."""
         eng = self.engines[e]
         return not (eng.stepping or eng.adds or eng.aborts or eng.rids or eng.gen)
+
+
+def _drop_partial(t: Any, rt: TrajRuntime) -> None:
+    """Throw away the turn in progress of ``t`` (its tokens count as wasted)."""
+    t.wasted += len(t.partial)
+    t.partial, t.partial_version = [], -1
+    t.partial_logprobs, t.partial_versions = [], []
+    rt.turn_version = -1
 
 
 def _ignore(_: Any) -> None:

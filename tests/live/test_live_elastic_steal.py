@@ -40,6 +40,7 @@ def test_live_elastic_with_two_engines_steals_and_loses_nothing(tiny_cache, tmp_
     tr = rec.trajectories.set_index("trajectory")
     assert set(tr["status"]) == {"trained"}  # lost_trajectories == 0
     assert (tr["wasted_tokens"] == 0).all()
+    assert int(tr["output_tokens"].sum()) == rec.meta["measurements"]["tokens_generated"]  # (all kept)
     trace = pd.read_parquet(out / "trace.parquet")
     assert (trace.groupby("trajectory_id")["output_tokens"].sum().reindex(tr.index) == tr["output_tokens"]).all()
     fin = ev[ev["kind"] == "TrajectoryFinished"].set_index("trajectory")["engine"]

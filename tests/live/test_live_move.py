@@ -131,6 +131,7 @@ def test_a_live_move_continues_on_the_target_engine_with_every_token_kept(tiny_c
     # tokens conserved: none generated was thrown away, and what the turns produced is
     # what was kept and trained (a move mid-turn keeps the turn's tokens so far)
     assert (tr["wasted_tokens"] == 0).all()
+    assert int(tr["output_tokens"].sum()) == rec.meta["measurements"]["tokens_generated"]  # (all kept)
     trace = pd.read_parquet(out / "trace.parquet")
     per_traj = trace.groupby("trajectory_id")["output_tokens"].sum()
     assert (per_traj.reindex(tr.index) == tr["output_tokens"]).all()
