@@ -15,7 +15,11 @@ steps (>= 12: 4-step runs are dominated by the first batch's warm-up):
   an idle engine does not Move the longest trajectory off a crowded one), and tail cutting
   on at staleness 1 (``cut=0.25``: the step's last quarter at most is trained with the next
   step, running on, or with ``cut_stop`` interrupted keeping progress and resumed; batches
-  are then released one version later).
+  are then released one version later), the trainer as it was sized before
+  (``train_share=0.25,train_within=1,hedge=false``: the earlier defaults, a quarter of
+  the GPUs reserved for it from the start and kept to train its backlog within a whole
+  rollout's time -- the "before" of the same run) and the empty trainer's hedge off
+  (``hedge=false``), both at staleness 1.
 
 Traces: the shipped long-tail sample, the seed-scale preset (``swe-seed``, turns scaled
 by ``--seed-turns-scale`` to fit the time) and the drift preset (``longtail-growing``);
@@ -52,7 +56,8 @@ BASELINES = (["colocated"]
 ELASTIC = ["elastic", "elastic:staleness=1", "oracle", "oracle:staleness=1"]
 ABLATION = ([f"elastic:{a}{',staleness=1' if k else ''}" for k in (0, 1)
              for a in ("order=fifo", "pack=64", "kv_limit=0.01", "steal=false")]
-            + [f"elastic:cut=0.25{stop},staleness=1" for stop in ("", ",cut_stop=true")])
+            + [f"elastic:cut=0.25{stop},staleness=1" for stop in ("", ",cut_stop=true")]
+            + ["elastic:train_share=0.25,train_within=1,hedge=false,staleness=1", "elastic:hedge=false,staleness=1"])
 _CACHE: dict[tuple, tuple] = {}
 
 

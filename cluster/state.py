@@ -25,7 +25,15 @@ _LOAD = attrgetter("load")
 
 @dataclass(slots=True)
 class TrajState:
-    """Mutable per-trajectory bookkeeping (drivers only; policies get TrajectoryInfo)."""
+    """Mutable per-trajectory bookkeeping (drivers only; policies get TrajectoryInfo).
+
+    Who writes what: placement and lifecycle (``status``, ``engine``, ``pinned``, the
+    dispatch/finish/training fields) only through :class:`ClusterState`'s driver API
+    (``mark_*``, ``enqueue_unbound``/``take_unbound``, ``pin``, ``reset_progress``). The
+    per-turn progress (``turns_done``, ``tokens``, ``min_version``, ``max_version``) is
+    written in place where a turn ends, by the driver's turn code (the simulator's
+    compiled inner loop, :mod:`rlsched.sim.turns`, and the live rollout), as a method call
+    there would cost the inner loop a Python call per turn."""
 
     id: TrajectoryId
     task_id: TaskId
@@ -459,6 +467,39 @@ class ClusterState:
                 t.dispatch_time = self._now
         t.status, t.engine = status, engine
 
+    def mark_dispatched(self, tid: TrajectoryId, engine: EngineId | None) -> None:
+        """``Dispatch``: QUEUED, pinned to ``engine`` or (None) for the cluster to place;
+        an INTERRUPTED trajectory is unfinished again."""
+        t = self.trajs[tid]
+        if t.status is TrajStatus.INTERRUPTED:
+            self.mark_resumable(tid)
+        self.mark_active(tid, TrajStatus.QUEUED, engine)  # type: ignore[arg-type]
+        t.pinned = engine is not None
+
+    def mark_running(self, tid: TrajectoryId, engine: EngineId) -> None:
+        """Admitted on ``engine``: its turn runs there."""
+        t = self.trajs[tid]
+        t.status, t.engine = TrajStatus.RUNNING, engine
+
+    def mark_queued(self, tid: TrajectoryId, engine: EngineId | None, *, pinned: bool,
+                    migrated: bool = False) -> None:
+        """Waiting again (preempted, no KV room, moved): QUEUED for ``engine`` (None: the
+        cluster queue, see :meth:`enqueue_unbound`), ``pinned`` there or not; ``migrated``
+        counts a move of its context between engines."""
+        t = self.trajs[tid]
+        if migrated:
+            t.migrations += 1
+        t.status, t.engine, t.pinned = TrajStatus.QUEUED, engine, pinned
+
+    def pin(self, tid: TrajectoryId) -> None:
+        """``Move`` to the engine an unpinned trajectory already runs on: it stays, pinned."""
+        self.trajs[tid].pinned = True
+
+    def reset_progress(self, tid: TrajectoryId) -> None:
+        """Interrupted without keeping progress: it starts over from its first turn."""
+        t = self.trajs[tid]
+        t.turns_done, t.tokens, t.min_version, t.max_version = 0, 0, -1, -1
+
     def enqueue_unbound(self, tid: TrajectoryId, *, front: bool = False) -> None:
         """``tid`` (QUEUED) waits in the cluster queue, unpinned, on no engine."""
         t = self.trajs[tid]
@@ -494,6 +535,12 @@ class ClusterState:
         self._finished_by_step[t.step].pop(tid, None)
         self._interrupted_by_step[t.step].pop(tid, None)
         self._unfinished[t.step] += 1
+
+    def mark_in_micro_batch(self, tids: Iterable[TrajectoryId]) -> None:
+        """``TrainMicroBatch``: these are queued for training."""
+        trajs = self.trajs
+        for tid in tids:
+            trajs[tid].in_micro_batch = True
 
     def mark_trained(self, tids: Iterable[TrajectoryId], version: int) -> None:
         for tid in tids:

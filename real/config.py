@@ -128,17 +128,12 @@ class LiveSettings:
 
 def refuse_unsupported(run: Any, *, resume: bool = False) -> None:
     """One line for each part of the run config (a ``RunConfig``) that the live backend
-    cannot honour yet, so what ``compare`` simulated is never silently not what
-    ``run --live`` runs. (``sandbox_slots`` is honoured: see ``loop.driver``; tool, sync
-    and gpu faults are injected for real: see ``loop.faults``.)"""
+    cannot honour, so what ``compare`` simulated is never silently not what ``run --live``
+    runs. (``sandbox_slots`` is honoured: see ``loop.driver``; ``processor`` packs each
+    group as a prefix tree in the trainer: see ``train/prefix_tree.py``; tool, sync, gpu
+    and trainer faults are injected for real: see ``loop.faults``.)"""
     from rlsched.real.loop.faults import check_live_faults
 
-    if run.processor:
-        raise ConfigError(
-            "[run] processor = true: the live backend trains each trajectory as its own sequence (packing a "
-            "group's shared prefix once, with a prefix-tree attention mask and per-token loss weights, is not "
-            "built), so the saving compare simulated would not happen live; set processor = false for --live"
-        )
     check_live_faults(run.faults, resume=resume)
 
 

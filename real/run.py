@@ -62,8 +62,9 @@ def run_live(policy_spec: str | None, *, make: PolicyMaker, steps: int | None, o
 
     Every part of the run config is honoured or refused in one line: ``sandbox_slots``
     bounds the concurrent tool calls (as in the simulator, with ``SandboxQueued`` events);
-    ``[faults]`` of the tool, sync and gpu kinds are injected for real (``loop.faults``,
-    ``loop.fault_inject``); ``processor``, trainer faults and rate faults are refused
+    ``[faults]`` of the tool, sync, gpu and trainer kinds are injected for real
+    (``loop.faults``, ``loop.fault_inject``); ``processor`` packs each group's shared
+    prefixes once in the trainer (``train/prefix_tree.py``); rate faults are refused
     (``config.refuse_unsupported``).
     """
     from rlsched.cluster.config import LoggingConfig, RunConfig
@@ -288,7 +289,8 @@ class _Run:
         lane = TrainerLane(str(self.model_dir), seed=self.seed, lr=s.lr, threads=s.trainer_threads,
                            ckpt_dir=self.out, weights=store,
                            checkpoints=lambda v: checkpoint.step_dir(self.out, v),
-                           restore=r.trainer if r else None, version=self.base)
+                           restore=r.trainer if r else None, version=self.base,
+                           processor=self.run.processor)
         rec = MemoryRecorder(self.base, r.record.events if r else None, r.record.intervals if r else None)
         self.driver_ = LiveDriver(
             policy=self.policy, state=self.state, trajs=self.trajs, settings=s, engine_settings=engine_settings,

@@ -1,10 +1,11 @@
 """The simulator as a backend of the driver loop (:mod:`rlsched.cluster.loop`).
 
-The loop decides what each command means; this adapter maps each backend call onto the
-simulator's own machinery, which charges seconds from the cost model on the SimPy clock:
-dispatch and moves (:mod:`.lifecycle`), role changes and weight sync (:mod:`.roles`,
-:mod:`.training`), timers (:mod:`.core`). Only policy traffic goes through it: per-turn
-work stays in the compiled inner loop (:mod:`.turns`).
+The loop decides what each command means; this adapter maps each backend call onto a
+public method of the simulator's collaborators, which charge seconds from the cost model
+on the SimPy clock: dispatch, moves, interrupts and timers on the rollout core
+(:mod:`.lifecycle`, :mod:`.core`), role changes on :class:`~.roles.Roles`, trainer jobs and
+weight sync on :class:`~.training.Training`. Only policy traffic goes through it:
+per-turn work stays in the compiled inner loop (:mod:`.turns`).
 """
 
 from __future__ import annotations
@@ -12,70 +13,72 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from rlsched.cluster.events import TimerFired
 from rlsched.cluster.ids import Drain, Role
 from rlsched.cluster.loop.trainer_queue import TrainerJob
 
 if TYPE_CHECKING:
-    from .driver import SimDriver
+    from .lifecycle import Lifecycle
+    from .roles import Roles
+    from .training import Training
 
 
 class SimBackend:
-    """Implements :class:`rlsched.cluster.loop.backend.Backend` for one :class:`SimDriver`."""
+    """Implements :class:`rlsched.cluster.loop.backend.Backend` over the simulator's
+    rollout core, roles and training (it holds no state of its own)."""
 
-    __slots__ = ("d",)
+    __slots__ = ("core", "roles", "training")
 
-    def __init__(self, driver: SimDriver) -> None:
-        self.d = driver
+    def __init__(self, core: Lifecycle, roles: Roles, training: Training) -> None:
+        self.core = core
+        self.roles = roles
+        self.training = training
 
     def now(self) -> float:
-        return self.d.now
+        return self.core.now
 
     # --------------------------------------------------------------- rollout
     def dispatch(self, trajectories: Sequence[str], engine: int | None) -> None:
-        self.d._dispatch_all(trajectories, engine)
+        self.core.dispatch(trajectories, engine)
 
     def reassign(self, gpus: Sequence[int], role: Role, drain: Drain) -> None:
-        self.d._reassign(gpus, role, drain)
+        self.roles.reassign(gpus, role, drain)
 
     def move(self, trajectories: Sequence[str], engine: int | None) -> None:
-        self.d._move_all(trajectories, engine)
+        self.core.move(trajectories, engine)
 
     def interrupt(self, trajectory: str, keep_progress: bool) -> None:
-        d = self.d
-        d._interrupt(d.trajs[trajectory], keep_progress)
+        self.core.interrupt(trajectory, keep_progress)
 
     def drop(self, trajectories: Sequence[str]) -> None:
-        trajs = self.d.trajs
-        for tid in trajectories:
-            t = trajs[tid]
-            t.wasted += t.output_kept  # its kept tokens will never be trained
+        self.core.drop(trajectories)
 
     def set_timer(self, at: float, tag: str) -> None:
-        d = self.d
-        d._later(at - d.now, d._timer_fired, tag)
+        core = self.core
+        core.later(at - core.now, self._timer_fired, tag)
+
+    def _timer_fired(self, tag: str, _unused: None) -> None:
+        self.core.emit(TimerFired(tag))
 
     def sync(self, engines: tuple[int, ...]) -> None:
-        self.d._sync(engines)
+        self.training.sync(engines)
 
     # --------------------------------------------------------------- trainer
     def trainer_ready(self) -> bool:
-        d = self.d
-        tr = d.trainer
-        # no GPUs, restarting after a fault, or below its memory floor: wait
-        return bool(tr.gpus) and tr.restart_until <= d.now and len(tr.gpus) >= d.layout.min_gpus
+        return self.training.ready()
 
     def start_job(self, job: TrainerJob) -> None:
-        self.d._start_job(job)
+        self.training.start_job(job)
 
     def trained_tokens(self, tids: list[str]) -> int:
-        tokens = self.d._trained_tokens
+        tokens = self.training.trained_tokens
         return int(sum(tokens(t) for t in tids))
 
     def step_finished(self, trained: list[str]) -> None:
-        d = self.d
-        st = d.state
-        if st.version >= st.num_steps and not d._done.triggered:
-            d._done.succeed()
+        core = self.core
+        st = core.state
+        if st.version >= st.num_steps and not core.done.triggered:
+            core.done.succeed()
 
     def job_released(self) -> None:
-        self.d._release_leaving()
+        self.roles.release_leaving()

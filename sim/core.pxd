@@ -1,6 +1,7 @@
-# Typed fields of rlsched.sim.core.DriverCore when the package is built with Cython (see
-# core.py): the ones the per-turn code in turns.py reads and writes. The driver's other
-# attributes live in the instance __dict__ (declared so that Cython keeps one).
+# Typed fields of rlsched.sim.core.DriverCore (the simulator's rollout core) when the
+# package is built with Cython (see core.py): the ones the per-turn code in turns.py reads
+# and writes, and its references to the collaborators it calls (roles, faults). The core's
+# other attributes live in the instance __dict__ (declared so that Cython keeps one).
 cimport cython
 
 from .engine cimport EngineSim
@@ -12,7 +13,7 @@ cdef class DriverCore:
     cdef public double now
     cdef public long long events_processed, sandbox_free, max_seqs
     cdef public dict seq_wait
-    cdef public object env, fault, rec, gpus, _eid, _events, sandbox_queue
+    cdef public object env, roles, faults, rec, gpus, _eid, _events, sandbox_queue
     cdef public object _env_callbacks, _wake_callbacks
     cdef public list _queue
     cdef public dict engines
@@ -28,7 +29,7 @@ cdef class DriverCore:
     cdef public signed char[::1] iv_state
     cdef public long long[::1] iv_n
 
-    cpdef _run_until(self, object until)
+    cpdef run_until(self, object until)
 
     @cython.locals(callbacks=object, t=SimTraj, eng=EngineSim, now=double)
     cpdef _step_until(self, object env, list queue, object until)

@@ -1,24 +1,33 @@
-"""The parts of the SimPy driver every other part uses: its state, timers and event queue.
+"""The simulator's rollout core: the state the compiled per-turn code uses, and the timers.
 
-:class:`DriverCore` holds what the trajectory lifecycle (:mod:`.lifecycle`), the roles and
-engines (:mod:`.roles`) and the trainer and weight sync (:mod:`.training`) share;
-:class:`~rlsched.sim.driver.SimDriver` combines them. They are split by job, not by
-layer: each module's methods call the others' through ``self``. The policy event queue,
-the pump and the trainer queue are the driver loop's (``self.loop``,
-:mod:`rlsched.cluster.loop`); the per-turn code reads the loop's event FIFO as
+The simulated run is composed of collaborators, each owning a stated set of fields (see
+each class) and holding references only to the ones it calls (wired by
+:class:`~rlsched.sim.driver.SimDriver`):
+
+- :class:`DriverCore` + :class:`~.lifecycle.Lifecycle` (one object, the *rollout core*):
+  clock, event heap, trajectories, open engines, sandbox pool, GPU-state record -- the
+  compact typed state of the inner loop (``core.pxd``: the per-turn code in :mod:`.turns`
+  reads its fields as C members), and the trajectory lifecycle's methods over it;
+- :class:`~.roles.Roles`: role switches and their bookkeeping, opening and closing engines;
+- :class:`~.training.Training`: the trainer (its GPUs, the running job) and weight sync;
+- :class:`~.faults.Faults`: the fault schedule, its effects and their accounting.
+
+The policy event queue, the pump and the trainer queue are the driver loop's
+(:mod:`rlsched.cluster.loop`), which reaches these parts through
+:class:`~.backend.SimBackend`; the per-turn code reads the loop's event FIFO as
 ``self._events`` and pumps only when it holds something.
 
 Timers (:mod:`.timers`) are plain objects pushed onto the environment's event queue
 (:class:`~.timers.SimEnvironment`, whose public ``heap`` SimPy's ``schedule`` and ``step``
-use too), not ``simpy.Timeout`` objects with a closure each. The current time is kept in
-``self.now`` (set when each timer fires) instead of reading ``env.now`` per use, and the
-policy-visible clock (``ClusterState.advance``) is moved only where it is read: before
-the policy sees an event and where a trajectory is marked dispatched or finished.
+use too), not ``simpy.Timeout`` objects with a closure each; every part schedules through
+:meth:`DriverCore.later`. The current time is kept in ``self.now`` (set when each timer
+fires) instead of reading ``env.now`` per use, and the policy-visible clock
+(``ClusterState.advance``) is moved only where it is read: before the policy sees an
+event and where a trajectory is marked dispatched or finished.
 """
 
 from __future__ import annotations
 
-import random
 from collections import deque
 from collections.abc import Callable
 from functools import partial
@@ -31,58 +40,39 @@ import simpy
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import InvariantViolation
 from rlsched.cluster.events import Event
-from rlsched.cluster.faults import FaultSchedule
 from rlsched.cluster.loop import DriverLoop
 from rlsched.cluster.policy import Policy
 from rlsched.cluster.record import RunRecorder
 from rlsched.cluster.state import ClusterState
 
-from .backend import SimBackend
 from .cost import CostModel
 from .engine import EngineSim, KvPool
 from .gpus import GpuStates
-from .memory import trainer_floor
 from .timers import NORMAL, Call, SimEnvironment
-from .trainer import TrainerSim
 from .traj import SimTraj
 from .workload import Batches, Workload
 
 Progress = Callable[[int, int, float], None]  # (steps done, steps, sim time)
 
 
-STAT_KEYS = (
-    "faults",  # faults fired (explicit and rate)
-    "gpu", "trainer", "tool", "sync",  # of which, per kind
-    "without_effect",  # fired but hit nothing (GPU already failed, trainer not running...)
-    "trajectory_interruptions",  # trajectories stopped by a fault (one can be hit twice)
-    "retried_trajectories",  # distinct trajectories stopped by a fault (set at run end)
-    "wasted_tokens",  # generated tokens of turns in progress that faults threw away
-    "train_gpu_seconds_lost",  # trainer work re-run + trainer GPUs waiting for a restart
-    "sync_gpu_seconds_lost",  # GPU time of weight syncs that failed
-    "tool_seconds_lost",  # extra tool-call seconds of hung calls (limit - recorded time)
-    "failed_gpu_seconds",  # GPU-seconds GPUs spent failed
-    "armed_never_hit",  # tool/sync faults still waiting for a call/sync at run end
-)
-
-
-class FaultState:
-    """Per-run fault bookkeeping (:mod:`.faults` fires the schedule and applies the effects)."""
-
-    def __init__(self, schedule: FaultSchedule | None) -> None:
-        self.schedule = schedule
-        self.stats: dict[str, float] = dict.fromkeys(STAT_KEYS, 0)
-        self.hangs: list[str | None] = []  # armed tool hangs (target trajectory, or None: any)
-        self.sync_fails = 0  # armed weight-sync failures
-        self.fail_since: dict[int, float] = {}
-        self.fail_token: dict[int, int] = {}
-        self.rate_timers = 0
-        self.progress_mark: tuple[int, int] = (-1, -1)  # (version, turns done) at the last check
-        self.since_mark = 0  # faults fired since then
-        self.rng = random.Random(schedule.seed if schedule else 0)
-
-
 class DriverCore:
-    """Shared state of one simulated run, plus timers and the policy event queue."""
+    """The rollout core of one simulated run: the state the per-turn code (:mod:`.turns`,
+    compiled) reads and writes, and the timers.
+
+    It owns: the clock (``now``) and the event heap (``_queue``/``_eid``, the
+    environment's :class:`~.timers.SimEnvironment` heap); the trajectories (``trajs``)
+    and the workload's per-turn arrays (``w_prompt``/``w_output``/``w_env``); the open
+    engines (``engines``, ``kv_pool``, ``kv_capacity``, ``max_seqs``, ``seq_wait``); the
+    sandbox pool (``sandbox_free``, ``sandbox_queue``); the GPU-state record (``gpus``,
+    ``gpu_busy`` and the recorder's interval buffers ``iv_*``); and the run's end
+    (``done``). The policy-visible store (``state``, a ``ClusterState``) is shared by
+    every part and written through its driver API. The trajectory lifecycle's methods are
+    :class:`~.lifecycle.Lifecycle`, this class's one subclass.
+
+    It holds references to the collaborators the per-turn code calls on uncommon paths,
+    set by :meth:`attach`: ``roles`` (an engine drained empty closes) and ``faults``
+    (armed tool hangs), and the driver loop (``loop``; its event FIFO as ``_events``).
+    """
 
     def __init__(
         self,
@@ -91,14 +81,8 @@ class DriverCore:
         policy: Policy,
         config: RunConfig,
         cost: CostModel,
-        *,
-        recorder: RunRecorder | None = None,
-        progress: Progress | None = None,
-        charge: Callable[[list[str], dict[str, SimTraj]], float] | None = None,
-        faults: FaultSchedule | None = None,
+        recorder: RunRecorder | None,
     ) -> None:
-        self.w = workload
-        self.policy = policy
         self.cfg = config
         self.cost = cost
         self.rec = recorder
@@ -126,8 +110,6 @@ class DriverCore:
         self.kv_pool = KvPool()  # KV reserved on the active engines (see EngineSim.count_in)
         self.state.use_kv_source(self.kv_pool_total)
         self.kv_capacity = cost.kv_capacity_tokens(config.tp)
-        self.trainer = TrainerSim()
-        self.layout = trainer_floor(self.state, cost, config.tp, self.kv_capacity)  # (see .memory)
         self.gpus = GpuStates(config.gpus, recorder)
         self.gpu_busy = self.gpus.busy  # (typed in core.pxd: engines add to it per turn)
         # the recorder's interval arrays, written per turn by turns.engine_touch
@@ -144,11 +126,7 @@ class DriverCore:
         self.sandbox_free = config.sandbox_slots
         self.sandbox_queue: deque[SimTraj] = deque()
         self.events_processed = 0  # timers fired (the loop counts the policy events it pumps)
-        self._done = self.env.event()
-        self._switch_groups: dict[int, list] = {}
-        self._group_seq = 0
-        self._charge = charge or self._full_context_flops
-        self._engine_switch: dict[int, tuple[int, Any]] = {}
+        self.done = self.env.event()
         self._callbacks = (self._fire,)
         # the two per-turn timers (.turns): SimPy calls them with the event only. (Imported
         # here: .turns types its driver argument as this class, so it imports this module.)
@@ -158,13 +136,24 @@ class DriverCore:
         self._env_callbacks = (partial(env_timer, self),)
         self.now = 0.0  # simulated time of the timer being processed
         self._queue, self._eid = self.env.heap, self.env.ids  # (see .timers)
-        self._switch_gid: dict[int, int] = {}  # GPU -> switch group it is switching with
-        self.fault = FaultState(faults)  # see .faults
+
+    def attach(self, roles: Any, faults: Any, loop: DriverLoop) -> None:
+        """Connect the collaborators the per-turn code calls (see the class doc)."""
+        self.roles = roles
+        self.faults = faults
         # the contract's meaning (pump, commands, trainer queue, records): rlsched.cluster.loop;
         # its event FIFO is read here directly by the per-turn code (.turns: ``if d._events``)
-        self.loop = DriverLoop(self.state, policy, SimBackend(self), recorder, progress=progress,  # type: ignore[arg-type]
-                               before_event=self._check_invariants if config.check else None)
-        self._events: deque[Event] = self.loop.events
+        self.loop = loop
+        self._events: deque[Event] = loop.events
+
+    def close_engine(self, eng: EngineSim) -> None:
+        """Engine ``eng`` leaves rollout (drained empty, or lost with a failed GPU): its
+        GPUs' interval ends, it fires no more wake-ups, the store forgets it."""
+        eng.closed = True
+        self.gpus.release(eng)
+        eng.wake_at = float("inf")
+        del self.engines[eng.id]
+        self.state.remove_engine(eng.id)
 
     def kv_pool_total(self) -> int:
         return self.kv_pool.total
@@ -185,7 +174,7 @@ class DriverCore:
                                          f"over its capacity {eng.kv_capacity}")
 
     # ---------------------------------------------------------------- loop
-    def _run_until(self, until: simpy.Event) -> None:
+    def run_until(self, until: simpy.Event) -> None:
         """``env.run(until=until)``, stepping SimPy's queue here: the same events in the
         same order with the same effects as ``Environment.step`` (pop the earliest
         ``(time, priority, id, event)``, set the clock, detach and call the event's
@@ -244,11 +233,15 @@ class DriverCore:
                 return
 
     # -------------------------------------------------------------- timers
-    def _later(self, delay: float, fn: Callable[[Any, Any], None], a: Any = None, b: Any = None) -> None:
+    def later(self, delay: float, fn: Callable[[Any, Any], None], a: Any = None, b: Any = None) -> None:
         """Call ``fn(a, b)`` after ``delay`` simulated seconds (after everything already
         scheduled for that instant)."""
         heappush(self._queue, (self.now + (delay if delay > 0.0 else 0.0), NORMAL, next(self._eid),
                                Call(self._callbacks, fn, a, b)))
+
+    def pending(self) -> int:
+        """Timers and events scheduled and not yet processed."""
+        return len(self._queue)
 
     def _fire(self, ev: Call) -> None:
         self.events_processed += 1
@@ -256,16 +249,16 @@ class DriverCore:
         self.state.advance(now)
         ev.fn(ev.a, ev.b)
         if self._events:
-            self._pump()
+            self.pump()
 
     # ------------------------------------------------------------- events
-    def _emit(self, ev: Event) -> None:
+    def emit(self, ev: Event) -> None:
         self._events.append(ev)
 
-    def _pump(self) -> None:
+    def pump(self) -> None:
         self.loop.pump()
 
-    def _check_invariants(self) -> None:
+    def check_invariants(self) -> None:
         """(--check, before each policy event) The O(1) engine sums policies read are
         right and no engine holds more KV than it has."""
         self.state.check_totals()

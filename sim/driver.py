@@ -7,12 +7,14 @@ GPUs in role TRAIN (:mod:`.trainer`). SimPy schedules everything with timers who
 state and then deliver the resulting events to the policy, one at a time, in order.
 Runs are deterministic: no wall clock, no global RNG, ties broken by insertion order.
 
-:class:`SimDriver` is assembled from one module per job: shared state and timers
-(:mod:`.core`), the trajectory lifecycle (:mod:`.lifecycle`), roles and engines
-(:mod:`.roles`), the trainer and weight sync (:mod:`.training`) and fault injection
-(:mod:`.faults`). What commands mean -- the policy pump, command dispatch, the trainer
-queue and the run record's policy rows -- is the driver loop's
-(:mod:`rlsched.cluster.loop`), which reaches the simulator through :class:`.backend.SimBackend`.
+:class:`SimDriver` is the composition root of one run: it builds the collaborators, each
+owning a stated set of fields and holding references only to those it calls (see
+:mod:`.core` for the list) -- the rollout core (clock, event heap, trajectories, engines:
+:class:`~.lifecycle.Lifecycle` over the compiled :class:`~.core.DriverCore`), the roles
+(:class:`~.roles.Roles`), the trainer and weight sync (:class:`~.training.Training`) and
+fault injection (:class:`~.faults.Faults`) -- and wires them to the driver loop
+(:mod:`rlsched.cluster.loop`: the policy pump, command dispatch, the trainer queue and
+the run record's policy rows), which reaches them through :class:`.backend.SimBackend`.
 This module adds running the simulation.
 """
 
@@ -21,19 +23,28 @@ from __future__ import annotations
 import gc
 import random
 import time as wallclock
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import PolicyError
-from rlsched.cluster.events import RunStarted, TimerFired
+from rlsched.cluster.events import RunStarted
+from rlsched.cluster.faults import FaultSchedule
+from rlsched.cluster.loop import DriverLoop
+from rlsched.cluster.policy import Policy
+from rlsched.cluster.record import RunRecorder
 from rlsched.cluster.state import ClusterState
 
+from .backend import SimBackend
 from .core import Progress
-from .faults import FaultMixin
+from .cost import CostModel
+from .faults import Faults
 from .lifecycle import Lifecycle
 from .memory import below_floor
 from .roles import Roles
 from .training import Training
 from .traj import SimTraj
+from .workload import Batches, Workload
 
 __all__ = ["Progress", "SimDriver", "SimResult", "SimTraj"]
 
@@ -48,11 +59,44 @@ class SimResult:
     trajs: dict[str, SimTraj]
     steps: list[dict] = field(default_factory=list)
     gpu_seconds: dict[str, float] = field(default_factory=dict)
-    faults: dict[str, float] = field(default_factory=dict)  # see sim.core.STAT_KEYS
+    faults: dict[str, float] = field(default_factory=dict)  # see sim.faults.STAT_KEYS
 
 
-class SimDriver(Lifecycle, Roles, Training, FaultMixin):
-    """One simulated run of one policy (construct, then :meth:`run` once)."""
+class SimDriver:
+    """One simulated run of one policy (construct, then :meth:`run` once).
+
+    Holds the collaborators (``core``, ``roles``, ``training``, ``faults``), the driver
+    loop (``loop``) and the policy; ``state`` and ``trajs`` are the core's."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        batches: Batches,
+        policy: Policy,
+        config: RunConfig,
+        cost: CostModel,
+        *,
+        recorder: RunRecorder | None = None,
+        progress: Progress | None = None,
+        charge: Callable[[list[str], dict[str, SimTraj]], float] | None = None,
+        faults: FaultSchedule | None = None,
+    ) -> None:
+        self.policy = policy
+        self.cfg = config
+        core = self.core = Lifecycle(workload, batches, policy, config, cost, recorder)
+        self.training = Training(core, charge)
+        self.roles = Roles(core, self.training)
+        self.faults = Faults(faults, core, self.roles, self.training)
+        # the contract's meaning (pump, commands, trainer queue, records)
+        self.loop = DriverLoop(core.state, policy, SimBackend(core, self.roles, self.training),  # type: ignore[arg-type]
+                               recorder, progress=progress,
+                               before_event=core.check_invariants if config.check else None,
+                               guard_view=config.check)
+        core.attach(self.roles, self.faults, self.loop)
+        self.training.attach(self.loop.trainer, self.faults)
+        self.roles.attach(self.loop.trainer)
+        self.state: ClusterState = core.state
+        self.trajs: dict[str, SimTraj] = core.trajs
 
     def run(self) -> SimResult:
         """Simulate until every step is trained. Ctrl-C stops the run where it is and
@@ -63,37 +107,35 @@ class SimDriver(Lifecycle, Roles, Training, FaultMixin):
         run leaves a few dozen cyclic objects) and the collector's passes over the run's
         long-lived state cost ~15% of the time. It is re-enabled (if it was) on return.
         """
+        core = self.core
         t0 = wallclock.perf_counter()
         complete = True
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            self.policy.reset(self.state, random.Random(self.cfg.seed))
-            self._emit(RunStarted())
-            self._pump()
-            self._arm_faults()
-            if not self._done.triggered:
-                self._run_until(self._done)
+            self.loop.reset_policy(random.Random(self.cfg.seed))
+            core.emit(RunStarted())
+            core.pump()
+            self.faults.arm()
+            if not core.done.triggered:
+                core.run_until(core.done)
         except RuntimeError as exc:
             if "until" not in str(exc) and "No scheduled events" not in str(exc):
                 raise
             raise PolicyError(
-                f"policy {self.policy.name} stalled at t={self.env.now:.1f}s: nothing is running "
+                f"policy {self.policy.name} stalled at t={core.env.now:.1f}s: nothing is running "
                 f"and only {self.state.version} of {self.state.num_steps} steps are done"
-                + below_floor(self.trainer.gpus, self.layout, self.cfg.gpus)
+                + below_floor(self.training.trainer.gpus, self.training.layout, self.cfg.gpus)
             ) from None
         except KeyboardInterrupt:
             complete = False
         finally:
             if gc_was_enabled:
                 gc.enable()
-        now = self.env.now
-        self.gpus.close_all(now)
+        now = core.env.now
+        core.gpus.close_all(now)
         return SimResult(
-            self.state, now, complete, self.events_processed + self.loop.pumped,
-            wallclock.perf_counter() - t0, self.trajs, self.loop.trainer.steps, dict(self.gpus.busy_seconds),
-            self._close_faults(),
+            self.state, now, complete, core.events_processed + self.loop.pumped,
+            wallclock.perf_counter() - t0, self.trajs, self.loop.trainer.steps,
+            dict(core.gpus.busy_seconds), self.faults.close(),
         )
-
-    def _timer_fired(self, tag: str, _unused: None) -> None:
-        self._emit(TimerFired(tag))

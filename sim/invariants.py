@@ -29,13 +29,13 @@ def check_roles(driver: SimDriver) -> None:
             if st.roles[g] is not Role.ROLLOUT:
                 raise InvariantViolation(f"t={st.now:.3f}: GPU {g} serves engine {e} but has role {st.roles[g]}")
             seen[g] = f"engine {e}"
-    for g in driver.trainer.gpus:
+    for g in driver.training.trainer.gpus:
         if g in seen:
             raise InvariantViolation(f"t={st.now:.3f}: GPU {g} is in the trainer and in {seen[g]}")
         if st.roles[g] is not Role.TRAIN:
             raise InvariantViolation(f"t={st.now:.3f}: GPU {g} is in the trainer but has role {st.roles[g]}")
     for g in st.failed:
-        if st.roles[g] is not Role.IDLE or g in seen or g in driver.trainer.gpus:
+        if st.roles[g] is not Role.IDLE or g in seen or g in driver.training.trainer.gpus:
             raise InvariantViolation(
                 f"t={st.now:.3f}: GPU {g} failed but has role {st.roles[g]} or serves {seen.get(g, 'the trainer')}"
             )

@@ -12,24 +12,34 @@ The two timers every simulated turn fires (an engine wake-up when a decode ends,
 tool-call return) are the inner loop and live in :mod:`.turns`; they call the methods
 here on their uncommon paths. These methods work on :class:`~rlsched.sim.traj.SimTraj`
 and :class:`~rlsched.sim.engine.EngineSim` objects rather than ids, and touch ids only
-where the policy-visible ``ClusterState`` needs them.
+where the policy-visible ``ClusterState`` needs them: a trajectory's placement there is
+written only through its driver API (``mark_dispatched``, ``mark_running``,
+``mark_queued``, ``mark_finished``, ``enqueue_unbound``/``take_unbound``...).
+
+:class:`Lifecycle` is the rollout core's behaviour over :class:`~.core.DriverCore`'s
+fields -- one object, split so that the fields the inner loop reads can be compiled
+(``core.pxd``); the roles, training and faults are separate collaborators (see
+:mod:`.core`) and call only the public methods listed on the class.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from heapq import heapify, heappush, heapreplace
 
 from rlsched.cluster.events import TrajectoryFinished
-from rlsched.cluster.ids import GpuState, TrajStatus
+from rlsched.cluster.ids import Drain, GpuState, TrajStatus
+from rlsched.cluster.state import EngineState
 
 from .core import DriverCore
 from .engine import EngineSim
+from .gpus import CODE
 from .timers import NORMAL, Call
 from .traj import SimTraj
+from .turns import engine_touch
 
 _INF = float("inf")
-_QUEUED = TrajStatus.QUEUED
 _RUNNING = TrajStatus.RUNNING
 _INTERRUPTED = TrajStatus.INTERRUPTED
 _TIMED_OUT = TrajStatus.TIMED_OUT
@@ -38,7 +48,105 @@ _GENERATE = GpuState.GENERATE
 
 
 class Lifecycle(DriverCore):
-    """Methods of :class:`~rlsched.sim.driver.SimDriver` that move trajectories along."""
+    """The rollout core's methods (its fields are :class:`~.core.DriverCore`'s): they
+    move trajectories along on the open engines.
+
+    Public, for the backend and the other collaborators: :meth:`dispatch`, :meth:`move`,
+    :meth:`interrupt`, :meth:`drop` (the commands), :meth:`open_engine` and
+    :meth:`evacuate` (for :class:`~.roles.Roles`), :meth:`strand_unbound` (roles and
+    faults) and :meth:`engine_touch`. The per-turn code (:mod:`.turns`) calls the
+    underscored ones on its uncommon paths."""
+
+    # ------------------------------------------------------------ commands
+    def dispatch(self, tids: Sequence[str], e: int | None) -> None:
+        """``Dispatch``: pinned to engine ``e``, or (None) into the cluster queue, which
+        is then placed: each on the least-loaded engine (running + queued, engine id) on
+        which it fits (see :meth:`_place_all`)."""
+        trajs = self.trajs
+        if e is not None:
+            eng = self.engines[e]
+            for tid in tids:
+                self._dispatch(trajs[tid], eng)
+            return
+        if not tids:
+            return
+        if not self.state.engines():
+            self.state.least_loaded()  # raises the PolicyError for "no rollout engine"
+        for tid in tids:
+            self._dispatch_unbound(trajs[tid])
+        self._place_all()
+
+    def interrupt(self, tid: str, keep: bool) -> None:
+        """``Interrupt`` (and a fault's or a drain's stop): ``tid`` stops, its finished
+        turns kept if ``keep``."""
+        self._interrupt(self.trajs[tid], keep)
+
+    def drop(self, tids: Sequence[str]) -> None:
+        """``Drop``: the kept tokens of ``tids`` will never be trained."""
+        trajs = self.trajs
+        for tid in tids:
+            t = trajs[tid]
+            t.wasted += t.output_kept
+
+    def strand_unbound(self) -> None:
+        """No active rollout engine is left: the cluster queue's trajectories stop, their
+        finished turns kept (as those on a drained engine's queue), for the policy to
+        dispatch again once engines are back."""
+        st = self.state
+        while st.unbound:
+            self._interrupt(self.trajs[st.unbound[0]], keep=True)
+
+    # ------------------------------------------------------------- engines
+    def open_engine(self, e: int, v: int) -> None:
+        """Engine ``e``'s GPUs finished switching to rollout: it opens with weights ``v``
+        (the trainer's version when the switch started)."""
+        if e in self.engines:
+            # Called once per GPU of the engine whose switch ends (all at one instant): the
+            # first call opens it; later ones keep it. (Replacing it would drop trajectories
+            # a policy dispatched to it in between, e.g. on its EngineIdle.)
+            return
+        gpus = self.state.engine_gpus(e)
+        es = EngineState(e, gpus, v, self.kv_capacity)
+        self.state.add_engine(es)
+        eng = EngineSim(e, gpus[0], self.cfg.tp, self.cost, self.kv_capacity, version=v, es=es)
+        eng.updated = eng.stall_end = self.now
+        eng.queue, eng.eid, eng.wake_callbacks = self._queue, self._eid, self._wake_callbacks
+        eng.count_in(self.kv_pool)
+        # An engine opens once per GPU of it whose switch ends (all at one instant); it
+        # reports EngineIdle only if its GPUs were not already idle rollout.
+        eng.gstate = GpuState(self.gpus.state_of(gpus[0]))
+        eng.gcode = CODE[eng.gstate]
+        self.engines[e] = eng
+        self._admit(eng)  # (takes work waiting in the cluster queue; reports EngineIdle else)
+
+    def evacuate(self, eng: EngineSim, drain: Drain) -> None:
+        """Engine ``eng`` (draining: it leaves rollout) gives up its trajectories as
+        ``drain`` says: interrupted, or moved to the cluster queue's head (queued ones and
+        those in tool time; running ones too with ``MIGRATE``), keeping their order."""
+        es = eng.es
+        others = [x for x in self.state.engines_.values() if not x.draining]
+        if drain is not Drain.INTERRUPT and not others and (es.running or es.queue):
+            drain = Drain.INTERRUPT  # nowhere to migrate to: keep progress, stop here
+        trajs = self.trajs
+        if not others:
+            self.strand_unbound()
+        members = list(es.queue) + sorted(es.running)
+        if drain is Drain.INTERRUPT:
+            for tid in members:
+                self._interrupt(trajs[tid], keep=True)
+        else:
+            # to the cluster queue's head, keeping their order there
+            queued = set(es.queue)
+            moving = [tid for tid in members
+                      if drain is Drain.MIGRATE or tid in queued or trajs[tid].in_env]
+            for tid in reversed(moving):
+                self._move(trajs[tid], eng, None)
+            if moving:
+                self._place_all()
+
+    def engine_touch(self, eng: EngineSim) -> None:
+        """Recompute the engine's GPU state after a change; report an idle engine."""
+        engine_touch(self, eng)
 
     # ---------------------------------------------------------- dispatch
     def _dispatch(self, t: SimTraj, eng: EngineSim) -> None:
@@ -46,10 +154,7 @@ class Lifecycle(DriverCore):
         st = self.state
         st.advance(self.now)
         ts = t.ts
-        if ts.status is _INTERRUPTED:
-            st.mark_resumable(t.tid)
-        st.mark_active(t.tid, _QUEUED, eng.id)
-        ts.pinned = True
+        st.mark_dispatched(t.tid, eng.id)
         if t.in_env:
             return  # interrupted in a tool call that still runs: it queues when the call returns
         if ts.turns_done == t.n_turns:  # interrupted in its last tool call, which has returned
@@ -65,10 +170,7 @@ class Lifecycle(DriverCore):
         st.advance(self.now)
         ts = t.ts
         last = ts.engine
-        if ts.status is _INTERRUPTED:
-            st.mark_resumable(t.tid)
-        st.mark_active(t.tid, _QUEUED, None)  # type: ignore[arg-type]
-        ts.pinned = False
+        st.mark_dispatched(t.tid, None)
         if t.in_env:
             return  # interrupted in a tool call that still runs: it queues when the call returns
         if ts.turns_done == t.n_turns:  # interrupted in its last tool call, which has returned
@@ -104,6 +206,7 @@ class Lifecycle(DriverCore):
         es = eng.es
         queue = es.queue
         trajs = self.trajs
+        mark_running = self.state.mark_running
         while queue and not es.draining:
             t = trajs[queue[0]]
             if self._need(t) > eng.kv_capacity:
@@ -117,7 +220,7 @@ class Lifecycle(DriverCore):
             if eng.evicted:
                 self._drain_evictions(eng)
             es.dequeue(admit=True)
-            t.ts.status = _RUNNING
+            mark_running(t.tid, eng.id)
             self._start_turn(t, eng)
         unbound = self.state.unbound
         if unbound and not queue and not es.draining and not eng.closed:
@@ -130,7 +233,7 @@ class Lifecycle(DriverCore):
                 if not self._fits(eng, need):
                     break
                 self._admit_unbound(t, eng, need)
-        self._engine_touch(eng)
+        self.engine_touch(eng)
 
     def _too_long(self, t: SimTraj) -> None:
         """The head of the cluster queue fits on no engine (its next turn outgrows an
@@ -147,10 +250,8 @@ class Lifecycle(DriverCore):
             self._drain_evictions(eng)
         st = self.state
         st.take_unbound(t.tid)
-        ts = t.ts
-        ts.engine = eng.id
         eng.es.admit(t.tid)
-        ts.status = _RUNNING
+        st.mark_running(t.tid, eng.id)
         self._start_turn(t, eng)
 
     def _place_all(self) -> None:
@@ -181,7 +282,7 @@ class Lifecycle(DriverCore):
                 if eng is None:
                     return
             self._admit_unbound(t, eng, need)
-            self._engine_touch(eng)
+            self.engine_touch(eng)
             if eng.id == heap[0][1]:
                 heapreplace(heap, (eng.es.load, eng.id))
             else:
@@ -223,13 +324,13 @@ class Lifecycle(DriverCore):
         t.turn_version = eng.version
         if delay > 0.0:
             # KV still in transit: the trajectory waits; the engine is not blocked.
-            self._later(delay, self._join_after_transfer, t, (eng.id, new, cached, t.join_token))
+            self.later(delay, self._join_after_transfer, t, (eng.id, new, cached, t.join_token))
             return False
         if len(eng.members) >= self.max_seqs:
             self._wait_seq(t, eng, new, cached)
             return False
         eng.join(self.now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
-        self._engine_touch(eng)
+        self.engine_touch(eng)
         eng.rearm(self.now)
         return True
 
@@ -258,7 +359,7 @@ class Lifecycle(DriverCore):
             self._wait_seq(t, eng, new, cached)
             return
         eng.join(self.now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
-        self._engine_touch(eng)
+        self.engine_touch(eng)
         eng.rearm(self.now)
 
     def _wait_seq(self, t: SimTraj, eng: EngineSim, new: int, cached: int) -> None:
@@ -279,7 +380,7 @@ class Lifecycle(DriverCore):
             eng.join(now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
         if not wait:
             del self.seq_wait[eng]
-        self._engine_touch(eng)
+        self.engine_touch(eng)
         eng.rearm(now)
 
     # ------------------------------------------------ the per-turn timers
@@ -340,10 +441,10 @@ class Lifecycle(DriverCore):
         es = eng.es
         es.discard(t.tid)
         ts = t.ts
-        ts.status = _QUEUED
+        self.state.mark_queued(t.tid, ts.engine, pinned=ts.pinned)
         if ts.pinned:
             es.enqueue(t.tid, front=True)
-            self._engine_touch(eng)
+            self.engine_touch(eng)
             return
         if had_kv:
             t.moved_at = self.now
@@ -352,7 +453,7 @@ class Lifecycle(DriverCore):
             self.rec.event(self.now, "Requeue", engine=eng.id, trajectory=t.tid,
                            detail=f"{t.ctx} tokens of context")
         self.state.enqueue_unbound(t.tid, front=True)
-        self._engine_touch(eng)
+        self.engine_touch(eng)
         self._place_all()
 
     def _relieve(self, eng: EngineSim) -> None:
@@ -376,7 +477,7 @@ class Lifecycle(DriverCore):
             requeued = self._preempt(t, eng) or requeued
         if eng.evicted:
             self._drain_evictions(eng)
-        self._engine_touch(eng)
+        self.engine_touch(eng)
         if requeued:
             self._place_all()
 
@@ -388,7 +489,7 @@ class Lifecycle(DriverCore):
         self._detach(t, eng)
         t.kv_cached = False
         t.moved_at = -1.0
-        ts.status = _QUEUED
+        self.state.mark_queued(t.tid, ts.engine, pinned=ts.pinned)
         if self.rec is not None:
             self.rec.event(self.now, "Preempt", engine=eng.id, trajectory=t.tid,
                            detail=f"{t.ctx + t.turn_progress} tokens")
@@ -396,7 +497,6 @@ class Lifecycle(DriverCore):
             eng.es.enqueue(t.tid, front=True)
             return False
         self.state.enqueue_unbound(t.tid, front=True)
-        ts.engine = None
         return True
 
     def _release_sandbox(self, t: SimTraj) -> None:
@@ -413,8 +513,8 @@ class Lifecycle(DriverCore):
             u.sandbox = True
             self.sandbox_free -= 1
             env_s = self.w_env[u.first + u.ts.turns_done - 1]  # (the call of its last turn)
-            if self.fault.hangs:
-                env_s = self._hang(u, env_s)
+            if self.faults.hangs:
+                env_s = self.faults.hang(u, env_s)
             self._env_later(u, env_s, u.env_token)
 
     # ------------------------------------------------------ leaving engines
@@ -425,7 +525,7 @@ class Lifecycle(DriverCore):
         self.state.mark_finished(t.tid, status)
         if note and self.rec is not None:
             self.rec.event(self.now, "Note", trajectory=t.tid, engine=e, detail=note)
-        self._emit(TrajectoryFinished(t.tid, status, e))
+        self.emit(TrajectoryFinished(t.tid, status, e))
 
     def _interrupt(self, t: SimTraj, keep: bool) -> None:
         ts = t.ts
@@ -451,7 +551,7 @@ class Lifecycle(DriverCore):
         if not keep:
             t.wasted += t.output_kept
             t.ctx = t.prompt_kept = t.output_kept = 0
-            ts.turns_done, ts.tokens, ts.min_version, ts.max_version = 0, 0, -1, -1
+            self.state.reset_progress(t.tid)
         self._finish(t, _INTERRUPTED, e)
         if eng is not None and not eng.closed:
             self._admit(eng)
@@ -501,11 +601,11 @@ class Lifecycle(DriverCore):
         the transfer (from ``moved_at``) or the re-prefill on the engine that admits it.
         The caller admits: ``_admit(dest)``, :meth:`_place_all` and ``_admit(eng)`` (the
         room it left)."""
-        ts = t.ts
         st = self.state
         if eng is not None and dest == eng.id:  # unpinned and already there: pin it
-            ts.pinned = True
+            st.pin(t.tid)
             return
+        migrated = False
         if eng is None:
             st.take_unbound(t.tid)
         else:
@@ -517,23 +617,19 @@ class Lifecycle(DriverCore):
             if had_kv:
                 t.moved_at = self.now
                 t.moved_from = eng.first_gpu
-                ts.migrations += 1
+                migrated = True
                 if self.rec is not None:
                     self.rec.event(self.now, "Migrate", engine=-1 if dest is None else dest,
                                    trajectory=t.tid, detail=f"from {eng.id}")
-        ts.status = _QUEUED
+        st.mark_queued(t.tid, dest, pinned=dest is not None, migrated=migrated)
+        if t.in_env:
+            return  # in tool time it joins when the tool call returns
         if dest is None:
-            ts.engine = None
-            ts.pinned = False
-            if not t.in_env:  # in tool time it joins when the tool call returns
-                st.enqueue_unbound(t.tid, front=True)
+            st.enqueue_unbound(t.tid, front=True)
         else:
-            ts.engine = dest
-            ts.pinned = True
-            if not t.in_env:
-                self.engines[dest].es.enqueue(t.tid)
+            self.engines[dest].es.enqueue(t.tid)
 
-    def _move_all(self, tids: tuple[str, ...], dest: int | None) -> None:
+    def move(self, tids: Sequence[str], dest: int | None) -> None:
         """The ``Move`` command: each of ``tids`` in turn, then admission where they went.
         (Sent to the cluster queue, they keep their order at its head.)"""
         trajs, engines = self.trajs, self.engines

@@ -52,7 +52,7 @@ def simulate(
 
     ``faults`` (default: ``config.faults``, the ``[faults]`` table) injects failures; see
     :mod:`rlsched.cluster.faults`. The record's meta then has ``faults`` (what they cost,
-    :data:`rlsched.sim.core.STAT_KEYS`) and ``fault_schedule``.
+    :data:`rlsched.sim.faults.STAT_KEYS`) and ``fault_schedule``.
     """
     schedule = faults if faults is not None else config.faults
     if schedule is not None and not isinstance(schedule, FaultSchedule):

@@ -5,9 +5,9 @@
 ``schedule``, ``peek`` and ``step`` -- the only methods through which SimPy reaches its
 queue -- with the same semantics, so SimPy's events, processes and ``run`` work on it
 unchanged and nothing reads a private field of SimPy. The driver steps the same heap
-itself (``DriverCore._run_until``, compiled) and puts its timers on it with one
+itself (``DriverCore.run_until``, compiled) and puts its timers on it with one
 ``heappush`` of the ``(time, priority, id, event)`` tuple ``schedule`` would push
-(``DriverCore._later``, the tool-call and wake-up timers in :mod:`.lifecycle`,
+(``DriverCore.later``, the tool-call and wake-up timers in :mod:`.lifecycle`,
 :mod:`.turns` and :mod:`.engine`, through ``DriverCore._queue``/``_eid``, which are this
 heap and counter): same key, so ties still break in insertion order and runs stay
 deterministic. Calling SimPy's own ``schedule`` and ``step`` per event instead costs about

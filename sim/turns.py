@@ -6,16 +6,17 @@ return (:func:`env_timer`, which starts the next turn). Everything else a trajec
 does -- dispatch, admission, interrupts, migration, finishing -- is in :mod:`.lifecycle`
 and is called from here only on its uncommon paths.
 
-They are module functions of the driver (``d``, a :class:`~rlsched.sim.driver.SimDriver`)
-rather than methods so that a Cython build can compile them with typed locals
-(``turns.pxd``): with :class:`~rlsched.sim.traj.SimTraj` and
+They are module functions of the rollout core (``d``, a
+:class:`~rlsched.sim.lifecycle.Lifecycle`, whose typed fields are
+:class:`~rlsched.sim.core.DriverCore`'s) rather than methods so that a Cython build can
+compile them with typed locals (``turns.pxd``): with :class:`~rlsched.sim.traj.SimTraj` and
 :class:`~rlsched.sim.engine.EngineSim` as extension types, the per-turn reads and
 writes of trajectory and engine fields become C member accesses. Without a build the
 same source runs as Python. The common paths are written out (the tool-call timer is
 pushed inline as in ``Lifecycle._env_later``, the first turn's start inline as in
 ``Lifecycle._start_turn``), and the engine's GPU state is recomputed only when it can
 have changed (a decoding engine, not syncing, whose GPUs already show GENERATE:
-``Roles._engine_touch`` would do nothing).
+``Lifecycle._engine_touch`` would do nothing).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ _ROLLOUT_IDLE = GpuState.ROLLOUT_IDLE
 def wake_timer(d: Any, ev: Any) -> None:
     """Timer callback: the engine's earliest decode may have ended; end those turns."""
     d.events_processed += 1
-    now = d.now  # (set by DriverCore._run_until)
+    now = d.now  # (set by DriverCore.run_until)
     if type(ev) is Call:
         eng: EngineSim = ev.a
         at = ev.b
@@ -65,7 +66,7 @@ def wake_timer(d: Any, ev: Any) -> None:
             if not (eng.members and eng.gstate is _GENERATE and eng.sync_end <= now):
                 engine_touch(d, eng)
     if d._events:
-        d._pump()
+        d.pump()
 
 
 def turn_done(d: Any, t: SimTraj, eng: EngineSim) -> None:
@@ -100,8 +101,8 @@ def turn_done(d: Any, t: SimTraj, eng: EngineSim) -> None:
     if d.sandbox_free > 0:
         d.sandbox_free -= 1
         t.sandbox = True
-        if d.fault.hangs:
-            delay = d._hang(t, delay)
+        if d.faults.hangs:
+            delay = d.faults.hang(t, delay)
         if t.callbacks is None:  # (Lifecycle._env_later, inline)
             t.callbacks = d._env_callbacks
             t.timer_token = token
@@ -123,7 +124,7 @@ def turn_done(d: Any, t: SimTraj, eng: EngineSim) -> None:
 def env_timer(d: Any, ev: Any) -> None:
     """Timer callback: a tool call returned; start the next turn (or queue for KV)."""
     d.events_processed += 1
-    now = d.now  # (set by DriverCore._run_until)
+    now = d.now  # (set by DriverCore.run_until)
     if type(ev) is Call:
         t: SimTraj = ev.a
         token = ev.b
@@ -132,10 +133,10 @@ def env_timer(d: Any, ev: Any) -> None:
         token = t.timer_token
     if token != t.env_token:  # cancelled (interrupted or moved meanwhile)
         if d._events:
-            d._pump()
+            d.pump()
         return
     if t.hung:
-        d._tool_cut(t)
+        d.faults.tool_cut(t)
     if t.waiting_sandbox or d.sandbox_queue:
         d._release_sandbox(t)
     elif t.sandbox:  # (Lifecycle._release_sandbox's common case, inline)
@@ -152,7 +153,7 @@ def env_timer(d: Any, ev: Any) -> None:
         if i == t.n_turns:  # its last tool call returned
             d._done_on(t, eng)
             if d._events:
-                d._pump()
+                d.pump()
             return
         eng.env_lru.pop(t, None)
         row = t.first + i
@@ -189,7 +190,7 @@ def env_timer(d: Any, ev: Any) -> None:
             elif not d._start_turn(t, eng):  # (a join already updated the GPU state)
                 engine_touch(d, eng)
     if d._events:
-        d._pump()
+        d.pump()
 
 
 def engine_touch(d: Any, eng: EngineSim) -> None:
@@ -235,6 +236,6 @@ def engine_touch(d: Any, eng: EngineSim) -> None:
         eng.gcode = CODE[state]
         eng.gsince = now
     if es.draining:
-        d._maybe_close_engine(eng)
+        d.roles.maybe_close_engine(eng)
     elif state is _ROLLOUT_IDLE and prev is not _ROLLOUT_IDLE and not es.queue:
-        d._emit(EngineIdle(eng.id))
+        d.emit(EngineIdle(eng.id))

@@ -151,7 +151,7 @@ class RandomLegal:
             break
         if type(event).__name__ == "TimerFired":
             self.ticking = False
-        if not self.ticking and view.version < view.num_steps:  # (one timer pending at most)
+        if not self.ticking and view.trainer().version < view.num_steps:  # (one timer pending at most)
             self.ticking = True
             cmds.append(SetTimer(view.now + r.choice((0.05, 0.3, 1.0, 2.5, 6.0)), "tick"))
         return cmds

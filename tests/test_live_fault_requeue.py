@@ -23,6 +23,8 @@ from rlsched.real.rollout.agent_loop import AgentTrajectory
 class FakeLane:
     """Hands out one future per job, in order; the test completes them."""
 
+    processor = False  # (the trajectory processor: off)
+
     def __init__(self) -> None:
         self.jobs: list[tuple[str, Future]] = []
 

@@ -140,7 +140,7 @@ def test_on_policy_every_gpu_trains_once_the_rollout_is_over_then_all_return():
 def test_with_staleness_a_trainer_starts_beside_the_rollout():
     # staleness 1, 8 engines of 1 GPU: train_share=0.25 gives the trainer 2 engines from
     # the start (as the asynchronous split does); the two batches spread over the other 6
-    st, _ = _rolling_out(8, 1, 8, "elastic:staleness=1", steps=3)
+    st, _ = _rolling_out(8, 1, 8, "elastic:staleness=1,train_share=0.25", steps=3)
     assert st.gpus_in(Role.TRAIN) == (6, 7)
     assert sum(load for _, load in st.engine_loads()) == 16
     assert max(load for _, load in st.engine_loads()) <= 3  # cap: 16 over 6 engines
@@ -150,7 +150,7 @@ def test_a_new_batch_takes_back_the_engines_it_needs_and_the_trainer_keeps_the_r
     # batch 0 trained (version 1), batch 1 has finished work waiting: batch 2 (8
     # trajectories, at most 3 per engine) is released and takes back 3 engines from the
     # trainer (which holds all 8 GPUs); the trainer keeps the others for batch 1
-    st, pol = _rolling_out(8, 1, 8, "elastic:staleness=1", steps=3)
+    st, pol = _rolling_out(8, 1, 8, "elastic:staleness=1,train_share=0.25", steps=3)
     for t in [*st.batch(0), "T8", "T9", "T10", "T11"]:
         _finish(st, t)
     for e in range(6):
@@ -167,6 +167,75 @@ def test_a_new_batch_takes_back_the_engines_it_needs_and_the_trainer_keeps_the_r
     cmds = pol.on_event(TrainStepFinished(1), st)
     back = [c for c in cmds if isinstance(c, Reassign)]
     assert len(back) == 1 and back[0].role is Role.ROLLOUT and len(back[0].gpus) == 3
+
+
+def test_by_default_with_staleness_every_gpu_rolls_out_first():
+    # train_share=0 (the default): no trainer is reserved before anything has finished
+    # (it would only idle); the two batches the staleness allows spread over all 8 engines
+    st, _ = _rolling_out(8, 1, 8, "elastic:staleness=1", steps=3)
+    assert st.gpus_in(Role.TRAIN) == ()
+    assert sorted(load for _, load in st.engine_loads()) == [2] * 8
+
+
+def _backlog_then_release(spec: str) -> int:
+    """Batch 0 trained; of batch 1, T8-T11 (1000 tokens each) finished and not yet trained,
+    T12-T14 finished empty, T15 still running on the one engine left in rollout; the
+    trainer holds the other 7 GPUs and the policy has measured 0.01 GPU-s per trained
+    token and a 20 s rollout. Batch 2 is released; returns how many GPUs it takes back
+    from the trainer (it wants 4 engines: 8 trajectories, 2 per engine)."""
+    st, pol = _rolling_out(8, 1, 8, spec, steps=3)
+    for t in [*st.batch(0), "T8", "T9", "T10", "T11", "T12", "T13", "T14"]:
+        st.trajs[t].tokens = 1000 if t in ("T8", "T9", "T10", "T11") else 0
+        _finish(st, t)
+    for e in list(st.engines_):
+        if not st.engines_[e].running:
+            st.remove_engine(e)
+            st.roles[e] = Role.TRAIN
+    assert len(st.engines()) == 1 and len(st.gpus_in(Role.TRAIN)) == 7
+    pol._switching = 0
+    pol._train_step, pol._in_micro, pol._opt_sent = 0, 8, True
+    pol._meter.train_gpu_s_per_token, pol._meter.rollout_s = 0.01, 20.0
+    for tid in st.batch(0):
+        st.trajs[tid].in_micro_batch = True
+    st.mark_trained(st.batch(0), 0)
+    st.version = 1
+    back = [c for c in pol.on_event(TrainStepFinished(1), st) if isinstance(c, Reassign)]
+    assert all(c.role is Role.ROLLOUT for c in back)
+    return sum(len(c.gpus) for c in back)
+
+
+def test_the_trainer_keeps_enough_to_train_its_backlog_within_train_within_of_a_rollout():
+    # backlog 4000 tokens x 0.01 GPU-s = 40 GPU-s. train_within=1 (the old rule): train it
+    # within the 20 s a rollout took -> keep 2 GPUs, give back the 4 engines batch 2 wants;
+    # the default 0.4: within 8 s -> keep 5 of 7, give back 2 (the trainer's step end
+    # releases the batch after next: its backlog is on that chain); 0.1: keep all 7
+    assert _backlog_then_release("elastic:staleness=1,train_within=1") == 4
+    assert _backlog_then_release("elastic:staleness=1") == 2
+    assert _backlog_then_release("elastic:staleness=1,train_within=0.1") == 0
+
+
+def _flat_tail(spec: str) -> list:
+    """Staleness 1, 2 engines of 1 GPU, no trainer yet: batches 0 and 1 (8 each) hold 8
+    trajectories per engine and a KV cache 90% full (past kv_limit: consolidation would keep
+    both engines). 9 finish, 4-5 from each engine, so neither empties: the commands after
+    the 9th."""
+    st, pol = _rolling_out(2, 1, 8, spec, steps=3)
+    assert st.gpus_in(Role.TRAIN) == ()
+    for e in st.engines_:
+        st.engines_[e].set_kv(900)
+    on = {e: [t for t, ts in st.trajs.items() if ts.engine == e] for e in (0, 1)}
+    done = on[0][:5] + on[1][:4]
+    for t in done:
+        _finish(st, t)
+    return pol.on_event(TrajectoryFinished(done[-1], TrajStatus.DONE, 0), st)
+
+
+def test_an_empty_trainer_with_as_much_finished_as_live_gets_an_engine_even_packing_the_tail():
+    # hedge (do no harm): no engine empties -- a flat tail -- so without it the finished
+    # work waits for the batch's end while a fixed split would be training it
+    (release,) = [c for c in _flat_tail("elastic:staleness=1") if isinstance(c, Reassign)]
+    assert release.role is Role.TRAIN and len(release.gpus) == 1
+    assert not [c for c in _flat_tail("elastic:staleness=1,hedge=false") if isinstance(c, Reassign)]
 
 
 def test_oracle_needs_the_true_lengths():
@@ -214,7 +283,7 @@ def test_trainer_gpus_already_sent_back_are_not_sent_twice():
 def test_an_engine_that_opens_with_old_weights_is_synced():
     # a driver may load the weights when a switch starts; if an optimizer step ends during
     # the switch, the engine opens one version behind and must be synced to serve new work
-    st, pol = _rolling_out(8, 1, 8, "elastic:staleness=1", steps=3)
+    st, pol = _rolling_out(8, 1, 8, "elastic:staleness=1,train_share=0.25", steps=3)
     trainer = st.gpus_in(Role.TRAIN)
     g = trainer[-1]
     st.roles[g] = Role.ROLLOUT

@@ -5,10 +5,10 @@ one), every policy on the same tasks, cost model and trained tokens.
 
 Known exceptions, stated in the README: on traces with *no* length spread (the
 ``uniform`` preset, not drawn here) at a handful of engines and steps, staleness-1 elastic
-lost up to ~7% to the best fixed split in this session's search (its moves cost switches
-that a tail-less workload never repays; a fixed split is optimal there); and the slow
-search below finds small long-tailed cases where it loses by a little more than 1% (see
-its xfail reason). The default-suite test draws a fixed set of examples (derandomized), so
+lost up to ~7% to the best fixed split in an earlier session's search (its moves cost
+switches that a tail-less workload never repays; a fixed split is optimal there); and the
+slow search below still finds small long-tailed cases where it loses by a little more than
+1% (one is pinned below with its measured gap). The default-suite test draws a fixed set of examples (derandomized), so
 it is not flaky; the slow one searches.
 """
 
@@ -73,19 +73,44 @@ def test_elastic_never_loses_on_small_long_tailed_traces(case):
     _check(_case(seed, preset, tasks, samples, tp, engines, 3, scale))
 
 
-def test_known_counterexample_stays_within_its_measured_gap():
+def test_known_counterexample_is_now_within_tolerance():
     """The slow search's counterexample (longtail-small, seed 16, 4 tasks x 2 samples per step,
-    tp 4, 4 engines, turns x0.1, 6 steps): elastic k=1 411.5 s vs the best async 405.1 s,
-    1.6% slower (411.9 s before tail stealing; stealing from an engine holding two made it
-    415.7 s, hence ``_CROWDED = 3``) -- with 8 trajectories a step over 4 engines there is
-    little tail to use and the moves' switches are not repaid. Do no harm does not hold here yet; this pins the gap
-    so that it cannot grow unnoticed (and passes the day it closes)."""
+    tp 4, 4 engines, turns x0.1, 6 steps): elastic k=1 was 411.5 s vs the best async 405.1 s,
+    1.6% slower, while it reserved a quarter of the GPUs for a trainer before anything had
+    finished and sized the trainer to train its backlog within a whole rollout's time. With
+    the trainer forming from freed engines (``train_share=0``) and kept to train its backlog
+    within 0.4 of a rollout (``train_within``) it is 406.6 s, 0.37% behind: do no harm (1%)
+    holds here now."""
     seconds = _case(16, "longtail-small", 4, 2, 4, 4, 6, 0.1)
+    best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
+    assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
+
+
+def test_a_flat_tail_on_two_engines_does_not_starve_the_trainer():
+    """Found by the slow search once the trainer started empty (``train_share=0``):
+    longtail-small, seed 244, 4 tasks x 2 samples, tp 1, 2 engines, turns x0.1, 3 steps.
+    Neither engine emptied until the batch was nearly over, so nothing trained: elastic k=1
+    478.5 s vs the best async 453.8 s (5.4% behind). With ``hedge`` an engine goes to the
+    empty trainer once as much has finished as still runs: 390.2 s."""
+    seconds = _case(244, "longtail-small", 4, 2, 1, 2, 3, 0.1)
+    best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
+    assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
+
+
+def test_known_counterexample_stays_within_its_measured_gap():
+    """What the slow search still finds (longtail-small, seed 1, 4 tasks x 2 samples per step,
+    tp 2, 4 engines, turns x0.1, 6 steps): the best async rolls out on one engine and trains
+    on three (rollout_fraction 0.25: 348.9 s); elastic k=1 is 354.6 s, 1.6% slower (the
+    earlier defaults: 353.3 s, 1.3%). With 8 trajectories a step there is almost no tail,
+    and every move of an engine between the roles costs a switch that a fixed split never
+    pays. Do no harm does not hold here; this pins the gap so that it cannot grow unnoticed
+    (and passes the day it closes)."""
+    seconds = _case(1, "longtail-small", 4, 2, 2, 4, 6, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
     assert seconds("elastic:staleness=1")[0] <= 1.02 * best
 
 
-@pytest.mark.slow  # a search: today it finds the counterexample above and fails (run it to see)
+@pytest.mark.slow  # a search: it still finds cases like the one pinned above (1 in 5 runs in session 29)
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases, st.sampled_from([3, 6]))
 def test_elastic_never_loses_on_long_tailed_traces_slow(case, steps):

@@ -116,6 +116,16 @@ def test_the_guard_sees_a_write(how):
         simulate(w, batches, Guarded(_Writer(how)), cfg, HAND_COST)
 
 
+@pytest.mark.parametrize("how", ["assign", "store", "call"])
+def test_check_runs_hand_policies_the_guard(how):
+    """With ``check`` (``--check``; live runs always) the driver loop itself hands the policy
+    the read-only view: no wrapper needed to catch a write."""
+    w, batches = synthetic(2, 1, steps=1)
+    cfg = RunConfig(gpus=2, tp=1, steps=1, check=True)
+    with pytest.raises(AttributeError, match="read-only ClusterView"):
+        simulate(w, batches, _Writer(how), cfg, HAND_COST)
+
+
 def _view_reads(source: str, filename: str) -> list[str]:
     """``file:line .attr`` for every attribute read off a ``ClusterView`` parameter that is
     not a ClusterView member."""

@@ -36,6 +36,12 @@ What stays in each driver: its clock and how time passes (SimPy timers and the c
 per-turn inner loop in the simulator -- per-turn work never passes through this package,
 only policy events and commands do; a completion queue over Ray futures and worker
 threads live), engines, role switches, weight sync, faults, and writing the record files.
+Each driver is composed of collaborators with stated fields -- the simulator's rollout
+core, ``Roles``, ``Training`` and ``Faults`` (``rlsched.sim.core``); the live driver's
+``loop.rollout``, ``loop.roles`` and ``loop.training`` -- and its backend calls only their
+public methods. Both write a trajectory's placement (dispatched, admitted, requeued,
+moved, finished) only through ``ClusterState``'s driver API (``mark_*``,
+``enqueue_unbound``/``take_unbound``), the store's one writer.
 
 No heavy dependency and no SimPy here: this is part of ``cluster``, which both drivers
 import and which imports neither.

@@ -7,6 +7,12 @@ trainer commands go to the :class:`~.trainer_queue.TrainerQueue`, everything els
 :class:`~.backend.Backend`, except the state change ``Drop`` itself defines (marking the
 trajectories dropped), which is made here after the backend's clean-up.
 
+The policy sees the state through ``self.view``: the store itself, or -- with
+``guard_view`` (the simulator's ``--check``, and every live run) -- the store behind
+:class:`~rlsched.cluster.view.ReadOnlyView`, so a policy that writes, or reads past the
+:class:`~rlsched.cluster.view.ClusterView` contract, fails at once, naming the attribute.
+The guard costs a Python call per read, which is why plain simulated runs go without it.
+
 The pump is re-entrant-safe: an event emitted while commands are applied waits in the
 FIFO and is delivered by the pump already running, after the current event's commands.
 """
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from random import Random
 
 from rlsched.cluster.commands import (
     Command,
@@ -34,6 +41,7 @@ from rlsched.cluster.events import Event, TrainStepFinished
 from rlsched.cluster.legality import check
 from rlsched.cluster.policy import Policy
 from rlsched.cluster.state import ClusterState
+from rlsched.cluster.view import ClusterView, ReadOnlyView
 
 from .backend import Backend
 from .recording import EventSink, record_command, record_event
@@ -46,13 +54,15 @@ class DriverLoop:
     def __init__(self, state: ClusterState, policy: Policy, backend: Backend, recorder: EventSink | None, *,
                  version_base: int = 0, progress: Callable[[int, int, float], None] | None = None,
                  before_event: Callable[[], None] | None = None,
-                 step_recorded: Callable[[], None] | None = None) -> None:
+                 step_recorded: Callable[[], None] | None = None, guard_view: bool = False) -> None:
         """``recorder`` None records nothing. ``before_event`` runs before each event is
         delivered (the simulator's ``--check`` invariants); ``step_recorded`` runs once a
         ``TrainStepFinished`` is recorded, before the policy reacts to it (the live driver
-        makes the step durable there). ``version_base`` and ``progress``: see
-        :class:`~.trainer_queue.TrainerQueue`."""
+        makes the step durable there). ``guard_view``: hand the policy a
+        :class:`~rlsched.cluster.view.ReadOnlyView` (see the module docstring).
+        ``version_base`` and ``progress``: see :class:`~.trainer_queue.TrainerQueue`."""
         self.state = state
+        self.view: ClusterView = ReadOnlyView(state) if guard_view else state  # type: ignore[assignment]
         self.policy = policy
         self.backend = backend
         self.rec = recorder
@@ -64,6 +74,10 @@ class DriverLoop:
         self.pumped = 0  # events delivered to the policy
         self._pumping = False
 
+    def reset_policy(self, rng: Random) -> None:
+        """Start the policy on this run's view (before the first event)."""
+        self.policy.reset(self.view, rng)
+
     def pump(self) -> None:
         """Deliver every waiting event (and those its commands cause) to the policy."""
         if self._pumping:
@@ -73,7 +87,7 @@ class DriverLoop:
             st = self.state
             now = self.backend.now
             st.advance(now())
-            policy, apply, rec = self.policy, self.apply, self.rec
+            policy, apply, rec, view = self.policy, self.apply, self.rec, self.view
             before, step_recorded = self.before_event, self.step_recorded
             events = self.events
             while events:
@@ -85,7 +99,7 @@ class DriverLoop:
                     record_event(rec, now(), ev, st)
                 if step_recorded is not None and type(ev) is TrainStepFinished:
                     step_recorded()
-                for cmd in policy.on_event(ev, st):
+                for cmd in policy.on_event(ev, view):
                     check(st, cmd)
                     if rec is not None:
                         record_command(rec, now(), cmd, st)

@@ -90,9 +90,7 @@ class TrainerQueue:
     def micro_batch(self, tids: Iterable[str]) -> None:
         """``TrainMicroBatch``: queue one micro-batch job."""
         tids = tuple(tids)
-        trajs = self.state.trajs
-        for tid in tids:
-            trajs[tid].in_micro_batch = True
+        self.state.mark_in_micro_batch(tids)
         self.jobs.append(MicroBatchJob(tids))
         self.state.queued_micro_batches += 1
 

@@ -77,7 +77,7 @@ class LiveDriver:
         self.training = Training(self)
         # the contract's meaning (pump, commands, trainer queue, records): rlsched.cluster.loop
         self.loop = DriverLoop(state, policy, LiveBackend(self), recorder, version_base=base,
-                               progress=progress, step_recorded=on_step)
+                               progress=progress, step_recorded=on_step, guard_view=True)
         self.actor_cls = engine_actor_class()
         self._done_q: queue.Queue = queue.Queue()
         self._inflight = 0
@@ -120,7 +120,7 @@ class LiveDriver:
     def run(self) -> bool:
         """Run until the last optimizer step; False if stopped early (time limit, Ctrl-C)."""
         self._t0 = time.monotonic()
-        self.policy.reset(self.st, random.Random(self.seed))
+        self.loop.reset_policy(random.Random(self.seed))
         self.emit(RunStarted())
         self.loop.pump()
         deadline = self.t_offset + self.settings.max_wall_s  # per process: a resume gets its own

@@ -155,7 +155,7 @@ class LiveFaults:
         return cut
 
     def close(self, now: float) -> dict[str, Any]:
-        """Totals for the run record, as the simulator writes them (``sim/faults._close_faults``)."""
+        """Totals for the run record, as the simulator writes them (``sim/faults.Faults.close``)."""
         stats = dict(self.stats)
         stats["failed_gpu_seconds"] += sum(now - t for t in self.fail_since.values())
         stats["retried_trajectories"] = len(self.hit)

@@ -75,11 +75,7 @@ class Rollout:
     def dispatch(self, tid: str, e: int) -> None:
         """``Dispatch`` to engine ``e``: pinned there (it runs every turn there)."""
         st = self.h.st
-        ts = st.trajs[tid]
-        if ts.status is TrajStatus.INTERRUPTED:
-            st.mark_resumable(tid)
-        st.mark_active(tid, TrajStatus.QUEUED, e)
-        ts.pinned = True
+        st.mark_dispatched(tid, e)
         if self.rt[tid].in_env:
             return  # interrupted in a tool call that still runs: it queues when the call returns
         st.engines_[e].enqueue(tid)
@@ -92,11 +88,7 @@ class Rollout:
         there until an engine frees room (:meth:`admit`)."""
         st = self.h.st
         for tid in tids:
-            ts = st.trajs[tid]
-            if ts.status is TrajStatus.INTERRUPTED:
-                st.mark_resumable(tid)
-            st.mark_active(tid, TrajStatus.QUEUED, None)  # type: ignore[arg-type]
-            ts.pinned = False
+            st.mark_dispatched(tid, None)
             if not self.rt[tid].in_env:  # (in a tool call: it queues when the call returns)
                 st.enqueue_unbound(tid)
         self.place_all()
@@ -133,8 +125,7 @@ class Rollout:
         es = st.engines_[e]
         need = self._need(tid)
         st.take_unbound(tid)
-        ts = st.trajs[tid]
-        ts.engine, ts.status = e, TrajStatus.RUNNING
+        st.mark_running(tid, e)
         es.admit(tid)
         es.set_kv(es.kv_used + need)
         self.start(tid)
@@ -154,7 +145,7 @@ class Rollout:
             need = self._need(tid)
             es.dequeue(admit=True)
             es.set_kv(es.kv_used + need)
-            st.trajs[tid].status = TrajStatus.RUNNING
+            st.mark_running(tid, e)
             self.start(tid)
         while st.unbound and not es.queue and e in st.engines_ and self._fits(e, st.unbound[0]):
             self._admit_unbound(st.unbound[0], e)
@@ -373,7 +364,7 @@ class Rollout:
         self.h.rec.event(self.h.now(), "Requeue", engine=e, trajectory=tid,
                          detail=f"{len(self.h.trajs[tid].token_ids)} tokens of context")
         self.detach(tid, e)
-        ts.status = TrajStatus.QUEUED
+        st.mark_queued(tid, None, pinned=False)
         st.enqueue_unbound(tid, front=True)
         self.place_all()
         self.admit(e)
@@ -451,8 +442,9 @@ class Rollout:
         ts = st.trajs[tid]
         e = ts.engine
         if e is not None and e == dest:  # unpinned and already there: pin it
-            ts.pinned = True
+            st.pin(tid)
             return
+        had_kv = False
         if e is None:
             st.take_unbound(tid)
         else:
@@ -460,17 +452,14 @@ class Rollout:
             had_kv = es is not None and tid in es.running
             self.detach(tid, e)
             if had_kv:
-                ts.migrations += 1
                 self.h.rec.event(self.h.now(), "Migrate", engine=-1 if dest is None else dest,
                                  trajectory=tid, detail=f"from {e}")
-        ts.status = TrajStatus.QUEUED
+        st.mark_queued(tid, dest, pinned=dest is not None, migrated=had_kv)
         in_env = self.rt[tid].in_env  # (in tool time it joins when the tool call returns)
         if dest is None:
-            ts.engine, ts.pinned = None, False
             if not in_env:
                 st.enqueue_unbound(tid, front=True)
         else:
-            ts.engine, ts.pinned = dest, True
             if not in_env:
                 st.engines_[dest].enqueue(tid)
 
@@ -505,7 +494,7 @@ class Rollout:
             elif rt.env is not None:
                 self.h.close_env(rt.env)
             rt.env, rt.in_env, rt.turn_version = None, False, -1
-            ts.turns_done, ts.tokens, ts.min_version, ts.max_version = 0, 0, -1, -1
+            self.h.st.reset_progress(tid)
         self.h.finish(tid, TrajStatus.INTERRUPTED, e)
         self.admit(e)
 

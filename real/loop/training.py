@@ -68,7 +68,7 @@ class Training:
         h.timeline.set(gpus, GpuState.TRAIN, h.now(), step=st.version)
         epoch, self._running = self._epoch, (gpus, h.now())
         if isinstance(job, MicroBatchJob):
-            samples, tokens = micro_batch_samples(h.trajs, st, job.trajectories)
+            samples, tokens = micro_batch_samples(h.trajs, st, job.trajectories, processor=h.lane.processor)
             self.trained_tokens.update(tokens)
             fut = h.lane.micro_batch(samples)
         else:

@@ -39,8 +39,9 @@ from rlsched.real.train.weights import WeightStore
 class TrainerLane:
     def __init__(self, model_dir: str, *, seed: int, lr: float, threads: int, ckpt_dir: Path,
                  weights: WeightStore, checkpoints: Callable[[int], Path] | None = None,
-                 restore: Path | None = None, version: int = 0) -> None:
+                 restore: Path | None = None, version: int = 0, processor: bool = False) -> None:
         self.model_dir = model_dir
+        self.processor = processor  # the trajectory processor: groups packed as prefix trees
         self.seed, self.lr, self.threads = seed, lr, threads
         self.ckpt = ckpt_dir / "trainer.pt"  # the offload file
         self.weights = weights
@@ -70,7 +71,7 @@ class TrainerLane:
             from rlsched.real.train.trainer import TrainerGroup
 
             self.group = TrainerGroup(self.model_dir, slots, seed=self.seed, lr=self.lr,
-                                      threads_per_rank=self.threads)
+                                      threads_per_rank=self.threads, processor=self.processor)
             action = "start"
             if self.has_ckpt or self.restore is not None:
                 self.group.load_checkpoint(self.ckpt if self.has_ckpt else self.restore)
@@ -118,7 +119,7 @@ class TrainerLane:
             from rlsched.real.train.trainer import TrainerGroup
 
             self.group = TrainerGroup(self.model_dir, slots, seed=self.seed, lr=self.lr,
-                                      threads_per_rank=self.threads)
+                                      threads_per_rank=self.threads, processor=self.processor)
             if source is not None and source.exists():
                 self.group.load_checkpoint(source)
         return {"action": "restart", "world": len(slots), "seconds": time.perf_counter() - t0,

@@ -95,3 +95,23 @@ def gpt_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     length = tokens.shape[1]
     positions = torch.arange(length, dtype=torch.long).unsqueeze(0).expand_as(tokens)
     return model(tokens, positions, causal_mask(length).to(tokens.device))
+
+
+def gpt_logits_at(model: torch.nn.Module, tokens: torch.Tensor, positions: torch.Tensor,
+                  mask: torch.Tensor) -> torch.Tensor:
+    """Logits ``[1, n, vocab]`` of one packed row: ``tokens`` ``[1, n]`` at rotary
+    ``positions`` ``[1, n]`` (not ``0..n-1``), attending as ``mask`` ``[1, 1, n, n]`` allows
+    (True: not allowed) -- the prefix-tree forward pass (``prefix_tree.py``).
+
+    megatron's ``GPTModel`` computes rotary embeddings for positions ``0..n-1`` from the
+    sequence length alone (its ``position_ids`` feed only learned position embeddings, which
+    a rope model has none of), so for the duration of this call the model's rotary module
+    answers with the table rows of ``positions`` instead."""
+    rope = model.rotary_pos_emb
+    table = rope.get_emb(int(positions.max().item()) + 1, 0)  # [max + 1, 1, 1, dim]
+    rows = table[positions[0].to(table.device)]
+    rope.forward = lambda *args, **kwargs: rows  # an instance attribute shadows the method
+    try:
+        return model(tokens, positions, mask.to(tokens.device))
+    finally:
+        del rope.forward

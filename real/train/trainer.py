@@ -19,6 +19,7 @@ import ray
 from rlsched.cluster.errors import InvariantViolation, LiveBackendError
 from rlsched.real.train.grpo import Sample
 from rlsched.real.train.megatron_model import read_hf_config
+from rlsched.real.train.prefix_tree import charged_tokens, group_order
 from rlsched.real.train.worker import TrainWorker
 
 __all__ = ["Sample", "TrainerGroup"]
@@ -31,14 +32,23 @@ class _RankActor(TrainWorker):
         super().__init__(model_dir, host=ray.util.get_node_ip_address(), **kw)  # type: ignore[arg-type]
 
 
-def _split(samples: Sequence[Sample], world: int) -> list[list[Sample]]:
-    """Balance samples over ranks by token count (longest first to the lightest rank)."""
+def _split(samples: Sequence[Sample], world: int, *, whole_groups: bool = False) -> list[list[Sample]]:
+    """Balance samples over ranks by token count (longest first to the lightest rank).
+    ``whole_groups`` (the processor): a group's samples stay on one rank, so its prefix
+    tree is packed in one pass, and groups are balanced by their packed length."""
+    units: list[list[Sample]]
+    if whole_groups:
+        units = [[samples[i] for i in m] for m in group_order([s.group for s in samples]).values()]
+    else:
+        units = [[s] for s in samples]
+    sizes = [sum(charged_tokens([s.token_ids for s in u], [s.group for s in u])) if whole_groups
+             else len(u[0].token_ids) for u in units]
     parts: list[list[Sample]] = [[] for _ in range(world)]
     loads = [0] * world
-    for sample in sorted(samples, key=lambda s: len(s.token_ids), reverse=True):
+    for size, unit in sorted(zip(sizes, units, strict=True), key=lambda x: x[0], reverse=True):
         rank = loads.index(min(loads))
-        parts[rank].append(sample)
-        loads[rank] += len(sample.token_ids)
+        parts[rank].extend(unit)
+        loads[rank] += size
     return parts
 
 
@@ -98,6 +108,7 @@ class TrainerGroup:
         num_cpus_per_rank: float = 0.0,
         gpus_per_rank: float | None = None,
         resources_for_slot: Callable[[int], dict] | None = None,
+        processor: bool = False,
     ) -> None:
         if not ray.is_initialized():
             raise LiveBackendError("TrainerGroup: Ray is not initialised; start the cluster first")
@@ -109,7 +120,9 @@ class TrainerGroup:
             "weight_decay": weight_decay,
             "max_grad_norm": max_grad_norm,
             "threads": threads_per_rank,
+            "processor": processor,
         }
+        self.processor = processor
         self._num_cpus = num_cpus_per_rank
         # None: one GPU per rank when the Ray cluster has GPUs (the slot is a GPU), else none.
         self._num_gpus = gpus_per_rank if gpus_per_rank is not None else (
@@ -181,7 +194,7 @@ class TrainerGroup:
         if not samples:
             raise InvariantViolation("trainer: train_micro_batch with no samples")
         start = time.perf_counter()
-        parts = _split(samples, len(self.slots))
+        parts = _split(samples, len(self.slots), whole_groups=self.processor)
         calls = [self._workers[s].forward_backward.remote(p) for s, p in zip(self.slots, parts, strict=True) if p]
         stats = ray.get(calls)
         trained = sum(r["trained_tokens"] for r in stats)
@@ -189,6 +202,7 @@ class TrainerGroup:
         return {
             "samples": len(samples),
             "tokens": sum(r["tokens"] for r in stats),
+            "forward_tokens": sum(r["forward_tokens"] for r in stats),
             "trained_tokens": trained,
             "loss": sum(r["loss_sum"] for r in stats) / max(trained, 1),
             "world": len(self.slots),

@@ -48,6 +48,7 @@ from rlsched.real.train.pg_loss import (
     off_policy_loss_sum,
     token_logprobs,
 )
+from rlsched.real.train.prefix_tree import charged_tokens, group_order, tree_logits
 
 CHECKPOINT_FORMAT = "rlsched-trainer-v1"
 
@@ -83,6 +84,7 @@ class TrainWorker:
         clip_eps: float = CLIP_EPS,
         behaviour_cap: float = BEHAVIOUR_CAP,
         kl_reference: bool = True,
+        processor: bool = False,
     ) -> None:
         torch.set_num_threads(threads)
         self.cpu_workarounds = apply_cpu_workarounds()
@@ -111,6 +113,7 @@ class TrainWorker:
         self.max_grad_norm = max_grad_norm
         self.max_tokens_per_forward = max_tokens_per_forward
         self.clip_eps, self.behaviour_cap = clip_eps, behaviour_cap
+        self.processor = processor  # pack each group as a prefix tree (prefix_tree.py)
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay, foreach=False)
         for p in self.params:  # materialise AdamW state now so every rank has the same tensors
             self.optimizer.state[p] = {
@@ -215,7 +218,12 @@ class TrainWorker:
 
     def _chunks(self, samples: Sequence[Sample]) -> list[list[Sample]]:
         """Split a rank's share so that one forward pass holds at most
-        ``max_tokens_per_forward`` padded tokens (bounds activation memory)."""
+        ``max_tokens_per_forward`` padded tokens (bounds activation memory). With the
+        processor, one chunk per group: its prefix tree is one packed forward pass, whatever
+        its length (sharing is only within a pass)."""
+        if self.processor:
+            return [[samples[i] for i in members]
+                    for members in group_order([s.group for s in samples]).values()]
         chunks: list[list[Sample]] = []
         current: list[Sample] = []
         for s in sorted(samples, key=lambda s: len(s.token_ids), reverse=True):
@@ -253,6 +261,9 @@ class TrainWorker:
             "loss_sum": loss_total,
             "trained_tokens": trained,
             "tokens": sum(len(s.token_ids) for s in samples),
+            # the tokens the linear layers ran on: the packed trees' nodes with the processor
+            "forward_tokens": (sum(charged_tokens([s.token_ids for s in samples], [s.group for s in samples]))
+                               if self.processor else sum(len(s.token_ids) for s in samples)),
             "padded_tokens": padded,
             "seconds": time.perf_counter() - start,
             **totals,
@@ -265,11 +276,18 @@ class TrainWorker:
         reference = None
         if self.reference is not None:
             with torch.no_grad():
-                reference = token_logprobs(gpt_logits(self.reference, tokens), tokens)
-        loss, n, stats = off_policy_loss_sum(gpt_logits(self.model, tokens), tokens, mask, advantages, off,
-                                             reference_logprobs=reference,
+                reference = token_logprobs(self._logits(self.reference, chunk, tokens), tokens)
+        loss, n, stats = off_policy_loss_sum(self._logits(self.model, chunk, tokens), tokens, mask, advantages,
+                                             off, reference_logprobs=reference,
                                              clip_eps=self.clip_eps, behaviour_cap=self.behaviour_cap)
         return loss, n, stats, tokens.numel()
+
+    def _logits(self, model: torch.nn.Module, chunk: Sequence[Sample], tokens: torch.Tensor) -> torch.Tensor:
+        """The batch's logits: one padded forward pass, or with the processor one packed
+        prefix-tree pass per group (same numbers up to rounding; ``prefix_tree.py``)."""
+        if not self.processor:
+            return gpt_logits(model, tokens)
+        return tree_logits(model, [s.token_ids for s in chunk], [s.group for s in chunk], tokens.shape[1])
 
     @torch.no_grad()
     def loss(self, samples: Sequence[Sample]) -> float:
