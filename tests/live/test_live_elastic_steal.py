@@ -6,7 +6,9 @@ trajectory predicted longest off an engine holding three or more. Live that was 
 Here two engines roll out one step of eight trajectories with ``pack=2`` (an engine may
 hold twice an even spread): the engine that boots first takes seven of them, the other
 one (the eighth is held for it) is soon idle and steals; ``tail=0`` keeps both engines
-in rollout until the step is done. Checked: ``Move`` rows (and ``Migrate`` for those whose
+in rollout until the step is done. ``max_num_seqs = 2`` makes the seven run in waves, so
+the first engine is still crowded when the other empties however fast the host is (an
+unloaded host decoded seven as fast as one, and nothing was left to steal). Checked: ``Move`` rows (and ``Migrate`` for those whose
 context moved), every trajectory trained (``lost_trajectories == 0``), no generated token
 thrown away, and each moved trajectory finished on the engine it was moved to.
 """
@@ -27,7 +29,7 @@ def test_live_elastic_with_two_engines_steals_and_loses_nothing(tiny_cache, tmp_
     from rlsched.real.run import run_live
 
     live = {"tasks": ["fix-clamp", "fix-average-empty"], "tasks_per_step": 2, "samples_per_task": 4,
-            "max_turns": 3, "max_tokens_per_turn": 48, "kv_cache_mb": 64, "tool_seconds": 5.0,
+            "max_turns": 3, "max_tokens_per_turn": 48, "max_num_seqs": 2, "kv_cache_mb": 64, "tool_seconds": 5.0,
             "max_wall_s": 600.0, "cache_dir": str(tiny_cache)}
     out = run_live("elastic:pack=2,tail=0", make=make_policy_and_spec, steps=1, out_dir=tmp_path / "run",
                    config={"run": RunConfig(gpus=2, tp=1, steps=1), "live": live}, seed=0)
