@@ -12,7 +12,7 @@ reported back through the loop: events through :meth:`DriverLoop.emit
 
 Every method is called on the driver's one event-loop thread, after the command passed
 ``legality.check``; a backend may still refuse what it cannot do in one
-:class:`~rlsched.cluster.errors.PolicyError` line (the live driver cannot ``Move`` yet).
+:class:`~rlsched.cluster.errors.PolicyError` line.
 """
 
 from __future__ import annotations
@@ -29,15 +29,19 @@ class Backend(TrainerBackend, Protocol):
     """A driver as the loop sees it (the trainer half is :class:`TrainerBackend`)."""
 
     def dispatch(self, trajectories: Sequence[str], engine: int | None) -> None:
-        """Start (or resume) these trajectories, on ``engine`` or, for None, where the
-        cluster places them (the least-loaded engine)."""
+        """Start (or resume) these trajectories, pinned to ``engine`` or, for None, into
+        the cluster queue, from which each is admitted on the least-loaded engine on which
+        it fits (late binding)."""
 
     def reassign(self, gpus: Sequence[int], role: Role, drain: Drain) -> None:
         """Move GPUs to ``role``; in-flight trajectories on GPUs leaving rollout are
         drained as ``drain`` says. Ends with ``RolesChanged``."""
 
     def move(self, trajectories: Sequence[str], engine: int | None) -> None:
-        """Migrate running trajectories (their context) to ``engine``."""
+        """Migrate queued or running trajectories (their context) to ``engine`` (pinned),
+        or for None to the cluster queue's head: the simulator charges a KV transfer or
+        a re-prefill, the live driver aborts a generating turn keeping its tokens and
+        prefills them again on the engine that admits it."""
 
     def interrupt(self, trajectory: str, keep_progress: bool) -> None:
         """Stop one trajectory; with ``keep_progress`` its finished turns are kept."""

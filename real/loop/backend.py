@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from rlsched.cluster.errors import PolicyError
 from rlsched.cluster.ids import Drain, Role
 from rlsched.cluster.loop.trainer_queue import TrainerJob
 
@@ -31,15 +30,19 @@ class LiveBackend:
     # --------------------------------------------------------------- rollout
     def dispatch(self, trajectories: Sequence[str], engine: int | None) -> None:
         h = self.h
-        for tid in trajectories:
-            h.rollout.dispatch(tid, engine if engine is not None else h.st.least_loaded())
+        if engine is not None:
+            for tid in trajectories:
+                h.rollout.dispatch(tid, engine)
+            return
+        if trajectories and not h.st.engines():
+            h.st.least_loaded()  # raises the PolicyError for "no rollout engine"
+        h.rollout.dispatch_unbound(tuple(trajectories))
 
     def reassign(self, gpus: Sequence[int], role: Role, drain: Drain) -> None:
         self.h.roles.reassign(tuple(gpus), role, drain)
 
     def move(self, trajectories: Sequence[str], engine: int | None) -> None:
-        raise PolicyError("Move: the live driver cannot move trajectories between engines yet "
-                          "(simulator only; see issue 23)")
+        self.h.rollout.move_all(tuple(trajectories), engine)
 
     def interrupt(self, trajectory: str, keep_progress: bool) -> None:
         self.h.rollout.interrupt(trajectory, keep_progress)

@@ -74,6 +74,8 @@ class Roles:
         if drain is not Drain.INTERRUPT and not others and (es.running or es.queue):
             drain = Drain.INTERRUPT  # nowhere to migrate to: keep progress, stop here
         rollout = h.rollout
+        if not others:
+            rollout.strand_unbound()
         for tid in list(es.queue) + sorted(es.running):
             if drain is Drain.INTERRUPT:
                 rollout.interrupt(tid, keep=True)
@@ -208,6 +210,8 @@ class Roles:
             rt = h.rollout.rt[tid]
             rt.pending_abort = rt.want_turn = False
             h.finish(tid, TrajStatus.INTERRUPTED, e)
+        if not h.st.engines():
+            h.rollout.strand_unbound()  # (no engine left to admit the cluster queue)
         h.st.set_roles(es.gpus, Role.IDLE)
         h.timeline.set(es.gpus, GpuState.IDLE, h.now())
         if failed is not None:

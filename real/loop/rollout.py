@@ -57,6 +57,7 @@ class TrajRuntime:
     in_env: bool = False  # an env.reset/env.step call is running
     pending_abort: bool = False  # its request was aborted; the partial output is on its way
     want_turn: bool = False  # request the next generation once the partial output arrived
+    drop_partial: bool = False  # interrupted keeping progress: the turn in progress is lost
     turn_seq: int = 0
     turn_version: int = -1
     last_output: int = 0
@@ -72,28 +73,82 @@ class Rollout:
 
     # ------------------------------------------------------------- dispatch
     def dispatch(self, tid: str, e: int) -> None:
+        """``Dispatch`` to engine ``e``: pinned there (it runs every turn there)."""
         st = self.h.st
-        if st.trajs[tid].status is TrajStatus.INTERRUPTED:
-            st.mark_resumable(tid)
-        st.mark_active(tid, TrajStatus.QUEUED, e)
+        st.mark_dispatched(tid, e)
+        if self.rt[tid].in_env:
+            return  # interrupted in a tool call that still runs: it queues when the call returns
         st.engines_[e].enqueue(tid)
         self.admit(e)
 
+    def dispatch_unbound(self, tids: tuple[str, ...] | list[str]) -> None:
+        """``Dispatch`` without an engine (late binding, as the simulator's): into the
+        cluster queue (``ClusterState.unbound``), then placed head first, each on the
+        least-loaded engine on which it fits (:meth:`place_all`); what fits nowhere waits
+        there until an engine frees room (:meth:`admit`)."""
+        st = self.h.st
+        for tid in tids:
+            st.mark_dispatched(tid, None)
+            if not self.rt[tid].in_env:  # (in a tool call: it queues when the call returns)
+                st.enqueue_unbound(tid)
+        self.place_all()
+
+    def _need(self, tid: str) -> int:
+        """KV tokens admission reserves for ``tid``: its context (with the turn's output so
+        far) and a whole turn's output."""
+        return len(self.h.trajs[tid].context()) + self.h.settings.max_tokens_per_turn
+
+    def _fits(self, e: int, tid: str) -> bool:
+        """Engine ``e`` has a sequence slot and KV room for ``tid`` now (an empty engine
+        always takes one: vLLM then preempts or truncates, as for a pinned one)."""
+        es = self.h.st.engines_[e]
+        if e not in self.engines or es.draining or len(es.running) >= self.h.settings.max_num_seqs:
+            return False
+        return not es.running or es.kv_used + self._need(tid) <= es.kv_capacity
+
+    def place_all(self) -> None:
+        """Admit the cluster queue, head first, each on the least-loaded active engine
+        (running + queued, lowest id) on which it fits; stop at the first that fits
+        nowhere (FIFO), as ``sim.lifecycle.Lifecycle._place_all``."""
+        st = self.h.st
+        while st.unbound:
+            tid = st.unbound[0]
+            for e, _ in sorted(st.engine_loads(), key=lambda x: (x[1], x[0])):
+                if self._fits(e, tid):
+                    self._admit_unbound(tid, e)
+                    break
+            else:
+                return
+
+    def _admit_unbound(self, tid: str, e: int) -> None:
+        st = self.h.st
+        es = st.engines_[e]
+        need = self._need(tid)
+        st.take_unbound(tid)
+        st.mark_running(tid, e)
+        es.admit(tid)
+        es.set_kv(es.kv_used + need)
+        self.start(tid)
+        self.touch(e)
+
     def admit(self, e: int) -> None:
-        """Admit queued trajectories while the engine has sequence and KV room (FIFO)."""
-        st, s = self.h.st, self.h.settings
+        """Admit queued trajectories while the engine has sequence and KV room: its own
+        queue first (FIFO), then the cluster queue's head while it fits here."""
+        st = self.h.st
         es = st.engines_.get(e)
         if es is None:
             return
         while es.queue and not es.draining:
             tid = es.queue[0]
-            need = len(self.h.trajs[tid].context()) + s.max_tokens_per_turn
-            if len(es.running) >= s.max_num_seqs or (es.running and es.kv_used + need > es.kv_capacity):
+            if not self._fits(e, tid):
                 break
+            need = self._need(tid)
             es.dequeue(admit=True)
             es.set_kv(es.kv_used + need)
             st.mark_running(tid, e)
             self.start(tid)
+        while st.unbound and not es.queue and e in st.engines_ and self._fits(e, st.unbound[0]):
+            self._admit_unbound(st.unbound[0], e)
         self.touch(e)
 
     def start(self, tid: str) -> None:
@@ -187,11 +242,27 @@ class Rollout:
                 t.generated += len(out.token_ids)
                 continue
             version = min(rt.turn_version, rep.version) if rt.turn_version >= 0 else rep.version
+            if rt.drop_partial and not out.finished:  # interrupted mid-turn: the turn is lost
+                rt.drop_partial = rt.pending_abort = False
+                t.generated += len(out.token_ids)
+                t.wasted += len(out.token_ids)
+                _drop_partial(t, rt)
+                if rt.want_turn:
+                    rt.want_turn = False
+                    self.request(tid)
+                continue
+            rt.drop_partial = False  # (a finished turn is kept, as every finished turn)
             t.add_output(out.token_ids, version, out.logprobs, out.versions)
             if out.finished:  # an abort that crossed the finished turn: nothing more comes
                 rt.pending_abort = rt.want_turn = False
-            else:  # aborted by a move or an interrupt: progress kept
+            else:  # aborted by a move: progress kept
                 rt.pending_abort = False
+                ts = self.h.st.trajs[tid]
+                if ts.engine != e and ts.status in (TrajStatus.QUEUED, TrajStatus.RUNNING):
+                    self.h.rec.event(self.h.now(), "Note", engine=e, trajectory=tid, detail=(
+                        f"moved mid-turn: {len(out.token_ids)} tokens kept ({len(t.partial)} of the turn so far); "
+                        f"it continues the turn {'on engine ' + str(ts.engine) if ts.engine is not None else 'where it is placed'}, "
+                        "its context prefilled again (no KV transfer between live engines)"))
                 if rt.want_turn:
                     rt.want_turn = False
                     self.request(tid)
@@ -244,22 +315,60 @@ class Rollout:
         if ts.status is TrajStatus.RUNNING:
             if t.done or t.truncated:
                 self.complete(tid, TrajStatus.DONE if t.done else TrajStatus.TIMED_OUT)
+            elif not ts.pinned and self._requeue_if_full(tid):
+                return
             else:
                 self.request(tid)
         elif ts.status is TrajStatus.QUEUED:
-            # moved off its engine during tool time: join the queue where it was sent
-            e = ts.engine
-            es = self.h.st.engines_.get(e) if e is not None else None
-            if es is None or es.draining:
-                if not self.h.st.engines():
-                    self.h.finish(tid, TrajStatus.INTERRUPTED, e if e is not None else -1, note="no rollout engine left")
-                    return
-                e = self.h.st.least_loaded()
-                self.h.st.mark_queued(tid, e, pinned=ts.pinned)
-            self.h.st.engines_[e].enqueue(tid)
-            self.admit(e)
+            self._rejoin(tid)
         if ts.engine in self.engines:
             self.touch(ts.engine)
+
+    def _rejoin(self, tid: str) -> None:
+        """Moved (or dispatched) during tool time: join the queue of the engine it is
+        pinned to, else (unpinned, or that engine has left rollout) the cluster queue's
+        head -- as ``sim.lifecycle.Lifecycle._rejoin_after_tool``."""
+        st = self.h.st
+        ts = st.trajs[tid]
+        e = ts.engine
+        es = st.engines_.get(e) if e is not None and ts.pinned else None
+        if es is not None and tid in es.queue:
+            self.admit(e)  # (a move crossed its turn's end: it already waits there)
+            return
+        if es is None or es.draining:
+            if not st.engines():
+                self.h.finish(tid, TrajStatus.INTERRUPTED, e if e is not None else -1, note="no rollout engine left")
+                return
+            if tid not in st.unbound:
+                st.enqueue_unbound(tid, front=True)
+            self.place_all()
+            return
+        es.enqueue(tid)
+        self.admit(es.id)
+
+    def _requeue_if_full(self, tid: str) -> bool:
+        """Late binding: an unpinned trajectory whose next turn no longer fits its
+        engine's KV (its context grew by the tool's observation) leaves it for the
+        cluster queue's head, to be placed where it fits -- the simulator's ``Requeue``
+        (``Lifecycle._wait_for_kv``). Its context is prefilled again there."""
+        st = self.h.st
+        ts = st.trajs[tid]
+        e = ts.engine
+        es = st.engines_.get(e) if e is not None else None
+        if es is None or len(es.running) < 2:
+            return False  # alone on its engine: it stays (vLLM preempts or truncates)
+        s = self.h.settings
+        used = sum(len(self.h.trajs[x].context()) + s.max_tokens_per_turn for x in es.running)
+        if used <= es.kv_capacity:
+            return False
+        self.h.rec.event(self.h.now(), "Requeue", engine=e, trajectory=tid,
+                         detail=f"{len(self.h.trajs[tid].token_ids)} tokens of context")
+        self.detach(tid, e)
+        st.mark_queued(tid, None, pinned=False)
+        st.enqueue_unbound(tid, front=True)
+        self.place_all()
+        self.admit(e)
+        return True
 
     # ------------------------------------------------------- leaving an engine
     def complete(self, tid: str, status: TrajStatus, note: str = "") -> None:
@@ -292,23 +401,91 @@ class Rollout:
             self.touch(e)
 
     def move_out(self, tid: str, e: int) -> None:
-        """Migrate ``tid`` off engine ``e`` to the least-loaded other engine."""
+        """Migrate ``tid`` off engine ``e``, which leaves rollout, to the head of the
+        cluster queue, unpinned, and place it (``Lifecycle._move_out``)."""
+        self.move(tid, None)
+        self.place_all()
+
+    def move_all(self, tids: tuple[str, ...], dest: int | None) -> None:
+        """The ``Move`` command: each of ``tids`` in turn, then admission where they went
+        and on the engines they left (``Lifecycle._move_all``). Sent to the cluster queue,
+        they keep their order at its head."""
+        st = self.h.st
+        left: dict[int, None] = {}
+        for tid in (reversed(tids) if dest is None else tids):
+            e = st.trajs[tid].engine
+            self.move(tid, dest)
+            if e is not None and e != dest:
+                left[e] = None
+        if dest is not None:
+            self.admit(dest)
+        self.place_all()
+        for e in left:
+            es = st.engines_.get(e)
+            if es is not None and not es.draining:
+                self.admit(e)
+
+    def move(self, tid: str, dest: int | None) -> None:
+        """``Move`` one trajectory (queued or running) to engine ``dest`` (pinned) or, with
+        None, to the head of the cluster queue (unpinned) -- ``Lifecycle._move``. The
+        caller admits.
+
+        Where it is decoding, its request is aborted and the tokens it generated so far
+        are kept (``detach``; they come back in the engine's next reply); the turn goes on
+        where it is admitted next, by prefilling its context *and* those tokens again --
+        live engines hand no KV to each other (vLLM on CPU has no KV connector), so a
+        move costs a re-prefill, as the cost model's ``migrate_s`` by prefill. In a tool
+        call it is only rebound: its next turn is requested on the new engine when the
+        call returns (:meth:`_rejoin`). A context that was resident (admitted) on its
+        engine is recorded as ``Migrate``, as in the simulator."""
         st = self.h.st
         ts = st.trajs[tid]
-        dest = st.least_loaded()
-        self.h.rec.event(self.h.now(), "Migrate", engine=dest, trajectory=tid, detail=f"from {e}")
-        self.detach(tid, e)
-        st.mark_queued(tid, dest, pinned=ts.pinned, migrated=True)
-        if not self.rt[tid].in_env:  # in tool time it joins the queue when the call returns
-            st.engines_[dest].enqueue(tid)
-            self.admit(dest)
+        e = ts.engine
+        if e is not None and e == dest:  # unpinned and already there: pin it
+            st.pin(tid)
+            return
+        had_kv = False
+        if e is None:
+            st.take_unbound(tid)
+        else:
+            es = st.engines_.get(e)
+            had_kv = es is not None and tid in es.running
+            self.detach(tid, e)
+            if had_kv:
+                self.h.rec.event(self.h.now(), "Migrate", engine=-1 if dest is None else dest,
+                                 trajectory=tid, detail=f"from {e}")
+        st.mark_queued(tid, dest, pinned=dest is not None, migrated=had_kv)
+        in_env = self.rt[tid].in_env  # (in tool time it joins when the tool call returns)
+        if dest is None:
+            if not in_env:
+                st.enqueue_unbound(tid, front=True)
+        else:
+            if not in_env:
+                st.engines_[dest].enqueue(tid)
+
+    def strand_unbound(self) -> None:
+        """No active rollout engine is left: the cluster queue's trajectories stop, their
+        finished turns kept, for the policy to dispatch again once engines are back
+        (``Roles._strand_unbound`` in the simulator)."""
+        st = self.h.st
+        while st.unbound:
+            self.interrupt(st.unbound[0], keep=True)
 
     def interrupt(self, tid: str, keep: bool) -> None:
         ts = self.h.st.trajs[tid]
         e = ts.engine if ts.engine is not None else -1
+        self.h.st.take_unbound(tid)
         self.detach(tid, e)
         rt = self.rt[tid]
-        if not keep:
+        if keep:
+            # ``keep_progress`` keeps the finished turns (the contract, and the simulator):
+            # the turn in progress is lost -- now, or when the aborted request's tokens
+            # come back (unless it had finished meanwhile: then it is a finished turn)
+            if rt.pending_abort:
+                rt.drop_partial = True
+            else:
+                _drop_partial(self.h.trajs[tid], rt)
+        else:
             self.h.trajs[tid].restart()
             rt.epoch += 1  # late results of the old attempt are dropped
             rt.pending_abort = rt.want_turn = False
@@ -349,6 +526,14 @@ class Rollout:
         """No request, abort or step outstanding: the actor may be stopped."""
         eng = self.engines[e]
         return not (eng.stepping or eng.adds or eng.aborts or eng.rids or eng.gen)
+
+
+def _drop_partial(t: Any, rt: TrajRuntime) -> None:
+    """Throw away the turn in progress of ``t`` (its tokens count as wasted)."""
+    t.wasted += len(t.partial)
+    t.partial, t.partial_version = [], -1
+    t.partial_logprobs, t.partial_versions = [], []
+    rt.turn_version = -1
 
 
 def _ignore(_: Any) -> None:
