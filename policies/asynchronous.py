@@ -77,6 +77,9 @@ class Async(Configured):
                 if not view.engines():
                     return self._repair(view)
                 retried = self._retry.flush(view)  # (not yet running: no training before them)
+                # a new engine serves the weights current when its switch started: a sync
+                # made while no engine was up (WeightsSynced with none) counts from here
+                self._synced = max(self._synced, self._oldest_engine_version(view))
                 return self._dispatch_up_to(self._synced, view) + (retried or self._maybe_train(view))
             case RolesChanged(role=Role.TRAIN):
                 self._trainer_ready = True

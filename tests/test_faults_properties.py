@@ -65,3 +65,19 @@ def test_faults_are_deterministic(case, spec):
 @given(case=cases(), spec=st.sampled_from(SPECS))
 def test_faults_keep_invariants_long(case, spec):
     test_faults_keep_invariants_and_lose_nothing.hypothesis.inner_test(case, spec)
+
+
+def test_async_dispatches_to_an_engine_that_came_back_with_newer_weights():
+    """Found by the search above: both GPUs of a 2-GPU async split fail in turn, the step is
+    trained while no engine is up (its WeightsSynced names no engine), and the engine that
+    comes back already serves the new version (its switch started after the step). async
+    waited for a sync that would never come and the run stalled at t=6 s."""
+    import pandas as pd
+
+    df = pd.DataFrame({"task_id": ["task0", "task1"], "trajectory_id": ["T0", "T1"], "turn": [0, 0],
+                       "prompt_tokens": [0, 0], "output_tokens": [0, 0], "env_seconds": [0.0, 0.0]})
+    sched = FaultSchedule((Fault("trainer", at=0.0), Fault("gpu", at=0.0), Fault("gpu", at=2.0)), seed=0,
+                          recover_s=3.0, restart_s=0.0, tool_timeout_s=1.0, sync_retry_s=0.0)
+    out = run(df, [["T0"], ["T1"]], "async:rollout_fraction=0.5,staleness=0", gpus=2, tp=1, sandbox_slots=1,
+              check=True, faults=sched)
+    assert out.result.complete and out.result.state.version == 2
