@@ -98,10 +98,12 @@ def test_live_run_writes_the_simulated_layout_and_a_tensorboard_log(tiny_cache, 
     print({t: [round(e.value, 3) for e in acc.Scalars(t)] for t in sorted(tags)})
 
 
-def test_processor_is_refused_before_anything_starts(tiny_cache, tmp_path) -> None:
-    cfg = _config(tmp_path / "live.toml", tiny_cache, extra_run="processor = true\n")
+def test_rate_faults_are_refused_before_anything_starts(tiny_cache, tmp_path) -> None:
+    # (`processor = true` is honoured live: tests/live/test_processor_live.py)
+    cfg = _config(tmp_path / "live.toml", tiny_cache,
+                  extra_run='\n[faults]\nfault = [{ kind = "tool", per_hour = 2.0 }]\n')
     res = _rlsched("run", "--live", "--policy", POLICY, "--config", str(cfg), "--out", str(tmp_path / "o"),
                    timeout=300)
-    assert res.returncode == 2 and "processor = true" in res.stderr, res.stderr
+    assert res.returncode == 2 and "[faults]" in res.stderr and "per_hour" in res.stderr, res.stderr
     assert res.stderr.strip().count("\n") == 0
     assert not (tmp_path / "o").exists()  # nothing left behind
