@@ -39,6 +39,26 @@ def test_cycling_makes_run_ids_unique():
     assert steps[1][1].run_id == "k0s0#2" and steps[3][0].run_id == "k0s0#3"
 
 
+def _row(task: str, traj: str) -> dict:
+    return {"task_id": task, "trajectory_id": traj, "turn": 0, "prompt_tokens": 10,
+            "output_tokens": 5, "env_seconds": 1.0}
+
+
+def test_cycling_skips_run_ids_that_are_trace_ids():
+    # An import of an instance that ran twice holds "a" and "a#2" (traces.import_common).
+    # Drawn again, "a" must not become "a#2": the run would hold one id twice (the simulator
+    # refused it: "trajectory id 'a#2' appears twice in the run").
+    df = validate_trace(pd.DataFrame([_row("a", "a"), _row("a", "a#2"), _row("b", "b")]), "dup")
+    steps = draw_batches(df, num_steps=3, tasks_per_step=2)
+    runs = [run for s in steps for run, _ in s]
+    assert len(runs) == len(set(runs))
+    assert [[tuple(d) for d in s] for s in steps] == [
+        [("a", "a"), ("a#2", "a#2"), ("b", "b")],
+        [("a#3", "a"), ("a#2#2", "a#2"), ("b#2", "b")],
+        [("a#4", "a"), ("a#2#3", "a#2"), ("b#3", "b")],
+    ]
+
+
 def test_samples_per_task_caps_groups_but_keeps_parents():
     df = generate_trace("longtail-small", seed=0, tasks=6, branch_frac=1.0)
     steps = draw_batches(df, num_steps=1, tasks_per_step=6, samples_per_task=2)

@@ -18,7 +18,9 @@ class DrawnTrajectory(NamedTuple):
 
     ``run_id`` equals ``trace_id`` the first time a trace trajectory is drawn; when the pool
     cycles (more steps than tasks) its later uses get ``"<trace_id>#2"``, ``"#3"``, ... so
-    run ids stay unique across the whole run. It is a tuple: ``run, trace = drawn``.
+    run ids stay unique across the whole run. A suffix that is itself a trajectory id of the
+    trace is skipped: the importers name a repeated instance ``x#2`` (``x``'s second use is
+    then ``x#3``). It is a tuple: ``run, trace = drawn``.
     """
 
     run_id: str
@@ -87,7 +89,8 @@ def draw_batches(df: pd.DataFrame, num_steps: int, tasks_per_step: int | None = 
     (plus the ancestors any kept fork branches from); ``None`` keeps all.
 
     A trace trajectory drawn again (the pool wrapped) gets run id ``"<id>#<k>"`` for its
-    k-th use. Raises :class:`ConfigError` for counts below 1.
+    k-th use, skipping a ``k`` whose run id is another trajectory's id in the trace (see
+    :class:`DrawnTrajectory`). Raises :class:`ConfigError` for counts below 1.
     """
     _check_count("num_steps", num_steps, allow_none=False)
     _check_count("tasks_per_step", tasks_per_step, allow_none=True)
@@ -95,12 +98,17 @@ def draw_batches(df: pd.DataFrame, num_steps: int, tasks_per_step: int | None = 
     if len(df) == 0:
         raise ConfigError("the trace has no rows — expected at least one task to draw")
     order, trajs_of, parents = _task_table(df)
+    # every trace id is some trajectory's first run id: a later use must not take one
+    # (an imported trace holds both ``x`` and ``x#2`` when an instance ran twice)
+    taken = {t for ts in trajs_of.values() for t in ts}
     uses: dict[str, int] = {}
 
     def run_ids(trace_ids: list[str]) -> list[DrawnTrajectory]:
         out = []
         for tid in trace_ids:
             k = uses.get(tid, 0) + 1
+            while k > 1 and f"{tid}#{k}" in taken:
+                k += 1
             uses[tid] = k
             out.append(DrawnTrajectory(tid if k == 1 else f"{tid}#{k}", tid))
         return out
