@@ -28,6 +28,16 @@ gap to each policy's own lower bound, then a summary. Run:
 
     python bench/bench_elastic.py                      # 64, 256, 1024 GPUs (long)
     python bench/bench_elastic.py --gpus 64 --traces longtail
+
+A trace of one's own -- say one imported from real agent logs with ``rlsched trace import``
+-- is benched with ``--trace-file PATH`` (repeatable; its label is the file's stem), alone
+with ``--traces none``. Such a trace keeps its own trajectories per task (a log of one run
+per task has 1, not 8), so its step takes as many tasks as give the bench's own
+trajectories per step (2 x GPUs: 16 tasks x 8 samples per 64 GPUs), or every task of the
+trace when it has fewer; the table's header says which:
+
+    rlsched trace import --format mini-swe-agent runs/ --out real.parquet
+    python bench/bench_elastic.py --gpus 64 --traces none --trace-file real.parquet
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from rlsched.cluster.config import RunConfig
+from rlsched.cluster.errors import RlschedError
 from rlsched.cluster.ids import TrajStatus
 from rlsched.policies import make_policy, parse_spec
 from rlsched.policies.oracle import Oracle
@@ -96,9 +107,37 @@ def run_one(job: tuple[str, str, int, int, int, bool]) -> dict:
             "stale": stale, "wall": time.perf_counter() - t0}
 
 
+def trace_file_step(path: str, gpus: int) -> tuple[int, int, str]:
+    """Tasks per step for a trace file, its trajectories per task, and the header's note.
+
+    The bench's own traces give every step ``2 * gpus`` trajectories (16 tasks x 8 samples
+    per 64 GPUs). A trace file keeps its own samples per task (the median over its tasks),
+    so its step takes enough tasks for the same number of trajectories -- or, when the trace
+    has fewer tasks than that (per ``step`` value, for a trace that records RL steps), all
+    of them, and the note says so.
+    """
+    df = load_trace(path)
+    first = df.drop_duplicates("trajectory_id")
+    samples = max(1, round(float(first.groupby("task_id").size().median())))
+    if "step" in first.columns:
+        have = int(first.groupby("step")["task_id"].nunique().max())
+    else:
+        have = int(first["task_id"].nunique())
+    want = -(-2 * gpus // samples)
+    tasks = min(want, have)
+    note = (f"the bench's own traces: {2 * gpus} trajectories per step (16 tasks x 8 samples per "
+            f"64 GPUs); this trace has {have} tasks of {samples} trajectories (median), so "
+            + (f"{tasks} tasks per step match them ({tasks * samples} trajectories)" if tasks == want
+               else f"each step takes all {have} (fewer than the {want} that would match them: "
+                    f"{tasks * samples} trajectories per step)"))
+    return tasks, samples, note
+
+
 def study(pool: ProcessPoolExecutor, trace: str, label: str, gpus: int, steps: int,
-          processor: bool) -> dict:
-    tasks = 16 * gpus // 64
+          processor: bool, per_step: tuple[int, int, str] | None = None) -> dict:
+    """One (trace, GPUs) table. ``per_step``: (tasks, samples, note) for a trace file;
+    ``None`` for the bench's own traces (16 tasks x 8 samples per 64 GPUs)."""
+    tasks = 16 * gpus // 64 if per_step is None else per_step[0]
     specs = BASELINES + ELASTIC + ABLATION
     rows = {r["spec"]: r for r in pool.map(run_one, [(trace, s, gpus, steps, tasks, processor) for s in specs])}
     col = rows["colocated"]
@@ -107,8 +146,11 @@ def study(pool: ProcessPoolExecutor, trace: str, label: str, gpus: int, steps: i
         cands = [r for s, r in rows.items() if s in BASELINES and r["k"] == k and r["complete"]]
         best[k] = min(cands, key=lambda r: r["seconds"])
     ref_tokens = col["tokens"]
-    print(f"\n### {label}: {gpus} GPUs, {steps} steps, {tasks} tasks x 8 samples per step"
+    samples = 8 if per_step is None else per_step[1]
+    print(f"\n### {label}: {gpus} GPUs, {steps} steps, {tasks} tasks x {samples} samples per step"
           f" (processor {'on' if processor else 'off'})\n")
+    if per_step is not None:
+        print(f"trace file {trace}: {per_step[2]}\n")
     print("| policy | k | sim s | steps/h | bound s | gap to bound | vs colocated | vs best baseline same k | tokens vs colocated | max stale |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     shown = [best[0]["spec"], best[1]["spec"], *ELASTIC, *ABLATION]
@@ -140,7 +182,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", default="64,256,1024", help="cluster sizes, comma-separated")
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--traces", default="longtail,seed,growing", help="any of longtail, seed, growing")
+    ap.add_argument("--traces", default="longtail,seed,growing",
+                    help="any of longtail, seed, growing; 'none' (or '') for only --trace-file")
+    ap.add_argument("--trace-file", action="append", default=[], metavar="PATH",
+                    help="also bench this trace file (e.g. from `rlsched trace import`); repeatable; "
+                         "labelled by its file stem")
     ap.add_argument("--seed-turns-scale", type=float, default=0.25,
                     help="turns of the swe-seed preset are scaled by this to fit the time")
     ap.add_argument("--processor", action="store_true", help="train through the trajectory processor (all policies)")
@@ -151,8 +197,18 @@ def main() -> None:
     t0 = time.time()
     sizes = [int(g) for g in a.gpus.split(",")]
     summary: list[dict] = []
+    names = [n for n in a.traces.split(",") if n not in ("", "none")]
+    if not names and not a.trace_file:
+        ap.error("--traces none: give at least one --trace-file")
+    per_step: dict[tuple[str, int], tuple[int, int, str]] = {}
+    for path in a.trace_file:  # every file read (and refused) before the first run
+        try:
+            for gpus in sizes:
+                per_step[path, gpus] = trace_file_step(path, gpus)
+        except RlschedError as e:
+            ap.error(f"--trace-file {path}: {e}")
     with tempfile.TemporaryDirectory() as d, ProcessPoolExecutor(a.workers) as pool:
-        for name in a.traces.split(","):
+        for name in names:
             for gpus in sizes:
                 tasks = a.steps * 16 * gpus // 64
                 if name == "longtail":
@@ -168,6 +224,10 @@ def main() -> None:
                 else:
                     ap.error(f"--traces: unknown trace {name!r}")
                 summary.append(study(pool, path, label, gpus, a.steps, a.processor))
+        for path in a.trace_file:
+            for gpus in sizes:
+                summary.append(study(pool, path, Path(path).stem, gpus, a.steps, a.processor,
+                                     per_step=per_step[path, gpus]))
     print("\n### Summary (elastic defaults; ratios are speed-ups in steps/hour)\n")
     print("| trace | GPUs | k=0: elastic / colocated | k=0: bound allows | k=0 gap to bound | "
           "k=1: elastic / best baseline | k=1: bound allows | k=1 gap to bound | oracle k=1 / best | best k=1 baseline |")
