@@ -43,6 +43,7 @@ trace when it has fewer; the table's header says which:
 from __future__ import annotations
 
 import argparse
+import math
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -111,26 +112,29 @@ def trace_file_step(path: str, gpus: int) -> tuple[int, int, str]:
     """Tasks per step for a trace file, its trajectories per task, and the header's note.
 
     The bench's own traces give every step ``2 * gpus`` trajectories (16 tasks x 8 samples
-    per 64 GPUs). A trace file keeps its own samples per task (the median over its tasks),
-    so its step takes enough tasks for the same number of trajectories -- or, when the trace
-    has fewer tasks than that (per ``step`` value, for a trace that records RL steps), all
-    of them, and the note says so.
+    per 64 GPUs). A trace file keeps its own trajectories per task, so its step takes enough
+    tasks for the same number of trajectories (at the trace's mean per task) -- or, when the
+    trace has fewer tasks than that (per ``step`` value, for a trace that records RL steps),
+    all of them, and the note says so. The samples returned (for the header) are the median.
     """
     df = load_trace(path)
     first = df.drop_duplicates("trajectory_id")
-    samples = max(1, round(float(first.groupby("task_id").size().median())))
+    per_task = first.groupby("task_id").size()
+    samples = max(1, round(float(per_task.median())))
+    mean = float(per_task.mean())
     if "step" in first.columns:
         have = int(first.groupby("step")["task_id"].nunique().max())
     else:
         have = int(first["task_id"].nunique())
-    want = -(-2 * gpus // samples)
+    want = max(1, math.ceil(2 * gpus / mean))
     tasks = min(want, have)
-    note = (f"the bench's own traces: {2 * gpus} trajectories per step (16 tasks x 8 samples per "
-            f"64 GPUs); this trace has {have} tasks of {samples} trajectories (median), so "
-            + (f"{tasks} tasks per step match them ({tasks * samples} trajectories)" if tasks == want
-               else f"each step takes all {have} (fewer than the {want} that would match them: "
-                    f"{tasks * samples} trajectories per step)"))
-    return tasks, samples, note
+    own = (f"the bench's own traces: {2 * gpus} trajectories per step (16 tasks x 8 samples per "
+           f"64 GPUs); this trace has {have} tasks, {len(first)} trajectories ({samples} per task, "
+           f"median)")
+    if tasks == want:
+        return tasks, samples, f"{own}, so {tasks} tasks per step match them (~{round(tasks * mean)} trajectories)"
+    return tasks, samples, (f"{own}, so each step takes all {have} tasks (~{round(have * mean)} trajectories; "
+                            f"{want} tasks would match)")
 
 
 def study(pool: ProcessPoolExecutor, trace: str, label: str, gpus: int, steps: int,
