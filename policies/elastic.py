@@ -32,14 +32,15 @@ what it should do, and issues only the difference. What it should do:
   do takes (``Move``) the trajectory predicted longest off an engine crowded with three
   or more, instead of idling beside it; the driver charges the KV transfer.
 * **Isolate the tail, if asked** (``isolate``): once a step is down to its tail (at most
-  three unfinished trajectories per rollout engine), its live trajectories, predicted
+  two unfinished trajectories per rollout engine), its live trajectories, predicted
   longest first, each move once to the engine with the fewest live trajectories when
   they would share it with fewer than their own: decode on an engine slows with every
   sequence and KV token it holds, and with staleness a step's longest trajectory shares
-  its engine with two batches' bulk. On the elastic bench's six k=1 points it was
-  0.6-9.9% faster and on the regime map never slower beyond 0.1%, but on one small
-  no-harm case (4 engines, 8 trajectories a step) it moved work onto engines the trainer
-  then took, and lost 2.2% to the best async (1.6% without it), so it is not the default.
+  its engine with two batches' bulk. Measured (k=1): faster at five of the elastic
+  bench's six points, slower by 0.3% at the sixth, never slower than 0.01% on the regime
+  map; but on one small no-harm case (4 engines, 8 trajectories a step) it moved work
+  onto engines the trainer then took, and lost 2.3% to the best async (1.6% without
+  it), so it is not the default.
 * **Cut the tail, if asked** (``cut``, staleness k >= 1 only): the step's optimizer step
   need not wait for its last few trajectories; they are trained with the next step (and
   batches are released one version later, so that stays within k).
@@ -91,10 +92,11 @@ from .registry import register
 # 2.6% behind the best async with 2, 1.6% with 3; the bench's figures were the same).
 _CROWDED = 3
 # A rolling step is in its tail, for ``isolate``, once it has no more than this many
-# unfinished trajectories per rollout engine. Measured on the elastic bench's six k=1 points
-# (12 steps, 64/256 GPUs): 1 and 2 were each slower than no isolation at one point (swe-seed
-# 256: +0.8% / +0.3%); 3 was faster at all six (0.6-9.9%).
-_TAIL_PER_ENGINE = 3
+# unfinished trajectories per rollout engine. Measured against no isolation (elastic bench,
+# six k=1 points; regime map, twelve): 1: bench -3.1..+0.8%, map up to +0.6%; 2: bench
+# -11.0..+0.3% (swe-seed 256), map -5.5..+0.01%; 3: bench -9.9..-0.6% but map +11.6% (qwen
+# 256 GPUs, tail 0.05). No trigger won everywhere, hence off by default; 2 loses least.
+_TAIL_PER_ENGINE = 2
 _OPEN = (TrajStatus.PENDING, TrajStatus.QUEUED, TrajStatus.RUNNING, TrajStatus.INTERRUPTED)
 
 
@@ -140,7 +142,7 @@ class ElasticConfig:
     steal: bool = param("bool", True, "an idle rollout engine takes (Move) the live trajectory "
                         "predicted longest from the most crowded engine holding three or more (its KV moves "
                         "with it, charged by the driver), instead of idling while the tail shares an engine")
-    isolate: bool = param("bool", False, "once a rolling step has no more than three unfinished "
+    isolate: bool = param("bool", False, "once a rolling step has no more than two unfinished "
                           "trajectories per rollout engine (its tail), each of its live ones, predicted longest "
                           "first, moves (Move, once) to the engine with the fewest live trajectories if it "
                           "would share that one with fewer than its own (decode slows with every sequence and "

@@ -226,13 +226,13 @@ def test_isolate_is_off_by_default():
 
 
 def test_isolate_waits_for_the_tail_then_evens_out_the_engines():
-    # 2 engines, 12 trajectories (6 each, T<i> on engine i % 2); the tail is at most 3 per engine
+    # 2 engines, 12 trajectories (6 each, T<i> on engine i % 2); the tail is at most 2 per engine
     st, pol, _ = _start("elastic:isolate=true,steal=false,min_engines=2", 4, 2, 12, 1)
-    for t in ("T1", "T3", "T5", "T7"):  # 8 unfinished > 6: not the tail yet
+    for t in ("T1", "T3", "T5", "T7", "T9", "T11"):  # engine 1 empties; 6 unfinished > 4: not the tail yet
         _finish(st, t)
-    assert not [c for c in pol.on_event(TrajectoryFinished("T7", TrajStatus.DONE, 3), st) if isinstance(c, Move)]
-    for t in ("T9", "T11"):  # 6 unfinished, all on engine 0: three of them go to engine 1
+    assert not [c for c in pol.on_event(TrajectoryFinished("T11", TrajStatus.DONE, 3), st) if isinstance(c, Move)]
+    for t in ("T0", "T2"):  # 4 unfinished, all on engine 0: two of them go to engine 1
         _finish(st, t)
-    moves = [c for c in pol.on_event(TrajectoryFinished("T11", TrajStatus.DONE, 3), st) if isinstance(c, Move)]
-    assert [m.engine for m in moves] == [1, 1, 1]
+    moves = [c for c in pol.on_event(TrajectoryFinished("T2", TrajStatus.DONE, 3), st) if isinstance(c, Move)]
+    assert [m.engine for m in moves] == [1, 1]
     assert {st.trajs[t].engine for m in moves for t in m.trajectories} == {0}
