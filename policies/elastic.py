@@ -38,9 +38,8 @@ what it should do, and issues only the difference. What it should do:
   sequence and KV token it holds, and with staleness a step's longest trajectory shares
   its engine with two batches' bulk. Measured (k=1): faster at five of the elastic
   bench's six points, slower by 0.3% at the sixth, never slower than 0.01% on the regime
-  map; but on one small no-harm case (4 engines, 8 trajectories a step) it moved work
-  onto engines the trainer then took, and lost 2.3% to the best async (1.6% without
-  it), so it is not the default.
+  map; but on one small no-harm case (4 engines, 8 trajectories a step) it lost 2.3% to
+  the best async (1.6% without it), so it is not the default.
 * **Cut the tail, if asked** (``cut``, staleness k >= 1 only): the step's optimizer step
   need not wait for its last few trajectories; they are trained with the next step (and
   batches are released one version later, so that stays within k).
