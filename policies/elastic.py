@@ -31,6 +31,15 @@ what it should do, and issues only the difference. What it should do:
 * **Spread the tail that is left** (``steal``): an engine kept in rollout with nothing to
   do takes (``Move``) the trajectory predicted longest off an engine crowded with three
   or more, instead of idling beside it; the driver charges the KV transfer.
+* **Isolate the tail, if asked** (``isolate``): once a step is down to its tail (at most
+  two unfinished trajectories per rollout engine), its live trajectories, predicted
+  longest first, each move once to the engine with the fewest live trajectories when
+  they would share it with fewer than their own: decode on an engine slows with every
+  sequence and KV token it holds, and with staleness a step's longest trajectory shares
+  its engine with two batches' bulk. Measured (k=1): faster at five of the elastic
+  bench's six points, slower by 0.3% at the sixth, never slower than 0.01% on the regime
+  map; but on one small no-harm case (4 engines, 8 trajectories a step) it lost 2.3% to
+  the best async (1.6% without it), so it is not the default.
 * **Cut the tail, if asked** (``cut``, staleness k >= 1 only): the step's optimizer step
   need not wait for its last few trajectories; they are trained with the next step (and
   batches are released one version later, so that stays within k).
@@ -81,6 +90,12 @@ from .registry import register
 # could have had, on small long-tailed traces: the no-harm counterexample went from 1.7% to
 # 2.6% behind the best async with 2, 1.6% with 3; the bench's figures were the same).
 _CROWDED = 3
+# A rolling step is in its tail, for ``isolate``, once it has no more than this many
+# unfinished trajectories per rollout engine. Measured against no isolation (elastic bench,
+# six k=1 points; regime map, twelve): 1: bench -3.1..+0.8%, map up to +0.6%; 2: bench
+# -11.0..+0.3% (swe-seed 256), map -5.5..+0.01%; 3: bench -9.9..-0.6% but map +11.6% (qwen
+# 256 GPUs, tail 0.05). No trigger won everywhere, hence off by default; 2 loses least.
+_TAIL_PER_ENGINE = 2
 _OPEN = (TrajStatus.PENDING, TrajStatus.QUEUED, TrajStatus.RUNNING, TrajStatus.INTERRUPTED)
 
 
@@ -126,6 +141,11 @@ class ElasticConfig:
     steal: bool = param("bool", True, "an idle rollout engine takes (Move) the live trajectory "
                         "predicted longest from the most crowded engine holding three or more (its KV moves "
                         "with it, charged by the driver), instead of idling while the tail shares an engine")
+    isolate: bool = param("bool", False, "once a rolling step has no more than two unfinished "
+                          "trajectories per rollout engine (its tail), each of its live ones, predicted longest "
+                          "first, moves (Move, once) to the engine with the fewest live trajectories if it "
+                          "would share that one with fewer than its own (decode slows with every sequence and "
+                          "KV token an engine holds); off by default: see the module docstring")
 
 
 @register
@@ -227,6 +247,8 @@ class Elastic(Configured):
         if not placed and not self._queue:  # let new work settle before releasing engines
             released = self._consolidate(view, tr)
             cmds += released or self._steal_tail(view)
+        if self.config.isolate and isinstance(event, TrajectoryFinished | RolesChanged):
+            cmds += self._isolate_tail(view, cmds)
         return cmds
 
     def _arrive(self, gpus: tuple[int, ...], view: ClusterView) -> None:
@@ -550,6 +572,48 @@ class Elastic(Configured):
             self._stolen_to[e] = t
             load[d] -= 1
             out.append(Move((t,), engine=e))
+        return out
+
+    def _isolate_tail(self, view: ClusterView, sent: Sequence[Command]) -> list[Command]:
+        """``isolate``: a step in its tail (no more than ``_TAIL_PER_ENGINE`` unfinished
+        trajectories per rollout engine) spreads them out: each, predicted longest first, moves once to the engine
+        with the fewest live trajectories, if it would share that one with fewer than its
+        own (an engine's decode slows with every sequence and KV token it holds)."""
+        active = view.engine_loads()
+        steps = [st for st in range(max(0, self._train_step - 1), self._released)
+                 if not self._queue.pending(st) and 0 < view.unfinished(st) <= _TAIL_PER_ENGINE * len(active)]
+        if not steps or len(active) < 2:
+            return []  # (checked first: it is cheap, and most events are not in a tail)
+        leaving = {g for c in sent if isinstance(c, Reassign) for g in c.gpus}
+        moved = {t for c in sent if isinstance(c, Move) for t in c.trajectories}
+        infos = {e: view.engine(e) for e, _ in active}
+        loads = {e: load for e, load in active
+                 if not leaving.intersection(infos[e].gpus) and not infos[e].syncing}
+        for c in sent:
+            if isinstance(c, Move) and c.engine in loads:
+                loads[c.engine] += len(c.trajectories)
+        live = (TrajStatus.QUEUED, TrajStatus.RUNNING)
+        out: list[Command] = []
+        for st in steps:
+            floor = self._min_version(st)
+            tail = [i for i in (view.trajectory(t) for t in view.batch(st))
+                    if i.status in live and i.engine is not None and i.id not in self._stolen
+                    and i.id not in moved]
+            ranked = sorted(((self._predictor.remaining(i.id, i.task_id, i.turns_done), i.id, i.engine)
+                             for i in tail), reverse=True)
+            for _, t, e in ranked:
+                if e not in loads:
+                    continue
+                cands = [(load, x) for x, load in loads.items() if x != e and infos[x].version >= floor]
+                if not cands:
+                    continue
+                load, f = min(cands)
+                if load + 1 >= loads[e]:
+                    continue  # (no fewer companions there)
+                self._stolen.add(t)
+                loads[e] -= 1
+                loads[f] += 1
+                out.append(Move((t,), engine=f))
         return out
 
     # ----------------------------------------------------------- consolidation

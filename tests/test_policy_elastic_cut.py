@@ -196,3 +196,43 @@ def test_no_cut_before_any_of_the_step_was_trained():
         st.roles[g] = Role.TRAIN
     assert not any(isinstance(c, OptimizerStep | Interrupt)
                    for c in pol.on_event(TrajectoryFinished("T0", TrajStatus.DONE, 3), st))
+
+
+def _tail_of_four(spec: str) -> tuple[ClusterState, list]:
+    """12 trajectories on 4 engines (3 each, T<i> on engine i % 4); engines 2 and 3 empty
+    and engine 1 keeps one, so 4 are left (the step's tail), three of them on engine 0:
+    T4 has run 7 turns, T0 and T8 one."""
+    st, pol, _ = _start(spec, 8, 2, 12, 1)
+    assert [st.trajs[f"T{i}"].engine for i in range(4)] == [0, 1, 2, 3]
+    for t in ("T2", "T6", "T10", "T3", "T7", "T11", "T1", "T5"):
+        _finish(st, t)
+    st.trajs["T4"].turns_done = 7
+    st.trajs["T0"].turns_done = st.trajs["T8"].turns_done = 1
+    return st, [c for c in pol.on_event(TrajectoryFinished("T5", TrajStatus.DONE, 3), st) if isinstance(c, Move)]
+
+
+def test_isolate_spreads_a_steps_tail_longest_first_to_the_least_loaded_engines():
+    st, moves = _tail_of_four("elastic:isolate=true,steal=false,min_engines=4")
+    # T4 (predicted longest: 7 turns and counting) leaves its crowded engine for an empty one,
+    # then T8; T0 stays alone on engine 0 and T9 alone on engine 1 (no fewer companions elsewhere)
+    assert [(m.trajectories, m.engine) for m in moves] == [(("T4",), 2), (("T8",), 3)]
+    for m in moves:
+        legality_check(st, m)
+
+
+def test_isolate_is_off_by_default():
+    _, moves = _tail_of_four("elastic:steal=false,min_engines=4")
+    assert moves == []
+
+
+def test_isolate_waits_for_the_tail_then_evens_out_the_engines():
+    # 2 engines, 12 trajectories (6 each, T<i> on engine i % 2); the tail is at most 2 per engine
+    st, pol, _ = _start("elastic:isolate=true,steal=false,min_engines=2", 4, 2, 12, 1)
+    for t in ("T1", "T3", "T5", "T7", "T9", "T11"):  # engine 1 empties; 6 unfinished > 4: not the tail yet
+        _finish(st, t)
+    assert not [c for c in pol.on_event(TrajectoryFinished("T11", TrajStatus.DONE, 3), st) if isinstance(c, Move)]
+    for t in ("T0", "T2"):  # 4 unfinished, all on engine 0: two of them go to engine 1
+        _finish(st, t)
+    moves = [c for c in pol.on_event(TrajectoryFinished("T2", TrajStatus.DONE, 3), st) if isinstance(c, Move)]
+    assert [m.engine for m in moves] == [1, 1]
+    assert {st.trajs[t].engine for m in moves for t in m.trajectories} == {0}

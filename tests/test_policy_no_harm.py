@@ -8,7 +8,7 @@ Known exceptions, stated in the README: on traces with *no* length spread (the
 lost up to ~7% to the best fixed split in an earlier session's search (its moves cost
 switches that a tail-less workload never repays; a fixed split is optimal there); and the
 slow search below still finds small long-tailed cases where it loses by a little more than
-1% (one is pinned below with its measured gap). The default-suite test draws a fixed set of examples (derandomized), so
+1% (those found are pinned below with their measured gaps). The default-suite test draws a fixed set of examples (derandomized), so
 it is not flaky; the slow one searches.
 """
 
@@ -119,3 +119,15 @@ def test_known_counterexample_stays_within_its_measured_gap():
 def test_elastic_never_loses_on_long_tailed_traces_slow(case, steps):
     seed, preset, tasks, samples, tp, engines, scale = case
     _check(_case(seed, preset, tasks, samples, tp, engines, steps, scale))
+
+
+def test_known_counterexample_on_eight_engines_stays_within_its_measured_gap():
+    """Found by a 25-case random sample of the slow search's strategy (session 10):
+    longtail-small, seed 643550, 4 tasks x 2 samples per step, tp 4, 8 engines, turns x0.1,
+    6 steps. The best async (rollout_fraction 0.375) takes 605.1 s; elastic k=1 617.2 s,
+    2.0% slower (``train_share=0,train_within=0.4``: 622.0 s; ``isolate=true``: 617.2 s).
+    Why was not analysed. Do no harm does not hold here; this pins the gap so that it cannot
+    grow unnoticed (and passes the day it closes)."""
+    seconds = _case(643550, "longtail-small", 4, 2, 4, 8, 6, 0.1)
+    best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
+    assert seconds("elastic:staleness=1")[0] <= 1.025 * best
