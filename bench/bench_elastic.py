@@ -18,8 +18,8 @@ steps (>= 12: 4-step runs are dominated by the first batch's warm-up):
   are then released one version later), and the trainer's sizing at staleness 1: no
   trainer reserved (``train_share=0``: it forms from freed engines) and kept to train its
   backlog within 0.4 of a rollout (``train_within=0.4``), with and without the empty
-  trainer's hedge (``hedge=false``); and tail isolation on at staleness 1
-  (``isolate=true``: a step's tail spreads out over the least loaded engines).
+  trainer's hedge (``hedge=false``); and tail isolation off at staleness 1
+  (``isolate=false``: a step's tail stays on the engines it runs on).
 
 Traces: the shipped long-tail sample, the seed-scale preset (``swe-seed``, turns scaled
 by ``--seed-turns-scale`` to fit the time) and the drift preset (``longtail-growing``);
@@ -69,7 +69,7 @@ ELASTIC = ["elastic", "elastic:staleness=1", "oracle", "oracle:staleness=1"]
 ABLATION = ([f"elastic:{a}{',staleness=1' if k else ''}" for k in (0, 1)
              for a in ("order=fifo", "pack=64", "kv_limit=0.01", "steal=false")]
             + [f"elastic:cut=0.25{stop},staleness=1" for stop in ("", ",cut_stop=true")]
-            + ["elastic:isolate=true,staleness=1",
+            + ["elastic:isolate=false,staleness=1",
                "elastic:train_share=0,train_within=0.4,staleness=1",
                "elastic:train_share=0,train_within=0.4,hedge=false,staleness=1"])
 _CACHE: dict[tuple, tuple] = {}

@@ -31,15 +31,17 @@ what it should do, and issues only the difference. What it should do:
 * **Spread the tail that is left** (``steal``): an engine kept in rollout with nothing to
   do takes (``Move``) the trajectory predicted longest off an engine crowded with three
   or more, instead of idling beside it; the driver charges the KV transfer.
-* **Isolate the tail, if asked** (``isolate``): once a step is down to its tail (at most
-  two unfinished trajectories per rollout engine), its live trajectories, predicted
+* **Isolate the tail** (``isolate``, on by default): once a step is down to its tail (at
+  most two unfinished trajectories per rollout engine), its live trajectories, predicted
   longest first, each move once to the engine with the fewest live trajectories when
   they would share it with fewer than their own: decode on an engine slows with every
   sequence and KV token it holds, and with staleness a step's longest trajectory shares
-  its engine with two batches' bulk. Measured (k=1): faster at five of the elastic
-  bench's six points, slower by 0.3% at the sixth, never slower than 0.01% on the regime
-  map; but on one small no-harm case (4 engines, 8 trajectories a step) it lost 2.3% to
-  the best async (1.6% without it), so it is not the default.
+  its engine with two batches' bulk. Measured against ``isolate=false`` (simulated, the
+  elastic bench's six points and the regime map's twelve): at k=1 faster at five bench
+  points (by up to 11% on the growing preset), slower by 0.3% at the sixth and by at most
+  0.01% on the map; at k=0 faster at all six bench points (0.03-1.3%). It costs 0.7 points
+  on one small no-harm case (4 engines, 8 trajectories a step: 2.3% behind the best async
+  instead of 1.6%); ``isolate=false`` gives the earlier schedule.
 * **Cut the tail, if asked** (``cut``, staleness k >= 1 only): the step's optimizer step
   need not wait for its last few trajectories; they are trained with the next step (and
   batches are released one version later, so that stays within k).
@@ -94,7 +96,7 @@ _CROWDED = 3
 # unfinished trajectories per rollout engine. Measured against no isolation (elastic bench,
 # six k=1 points; regime map, twelve): 1: bench -3.1..+0.8%, map up to +0.6%; 2: bench
 # -11.0..+0.3% (swe-seed 256), map -5.5..+0.01%; 3: bench -9.9..-0.6% but map +11.6% (qwen
-# 256 GPUs, tail 0.05). No trigger won everywhere, hence off by default; 2 loses least.
+# 256 GPUs, tail 0.05). No trigger won everywhere; 2 loses least, and is the default.
 _TAIL_PER_ENGINE = 2
 _OPEN = (TrajStatus.PENDING, TrajStatus.QUEUED, TrajStatus.RUNNING, TrajStatus.INTERRUPTED)
 
@@ -141,11 +143,11 @@ class ElasticConfig:
     steal: bool = param("bool", True, "an idle rollout engine takes (Move) the live trajectory "
                         "predicted longest from the most crowded engine holding three or more (its KV moves "
                         "with it, charged by the driver), instead of idling while the tail shares an engine")
-    isolate: bool = param("bool", False, "once a rolling step has no more than two unfinished "
+    isolate: bool = param("bool", True, "once a rolling step has no more than two unfinished "
                           "trajectories per rollout engine (its tail), each of its live ones, predicted longest "
                           "first, moves (Move, once) to the engine with the fewest live trajectories if it "
                           "would share that one with fewer than its own (decode slows with every sequence and "
-                          "KV token an engine holds); off by default: see the module docstring")
+                          "KV token an engine holds); false: the tail stays where it runs")
 
 
 @register

@@ -143,12 +143,12 @@ def test_an_idle_engine_steals_from_the_most_crowded():
 
 
 def test_no_steal_when_off_or_nothing_is_crowded():
-    st, pol, sent = _start("elastic:min_engines=4", 8, 2, 8, 2)
+    st, pol, sent = _start("elastic:isolate=false,min_engines=4", 8, 2, 8, 2)
     for t in [t for t in sent if st.trajs[t].engine == 0]:
         _finish(st, t)
     assert not [c for c in pol.on_event(TrajectoryFinished(sent[0], TrajStatus.DONE, 3), st)
                 if isinstance(c, Move)]
-    st, pol, sent = _start("elastic:steal=true,min_engines=4", 8, 2, 8, 2)  # two per engine
+    st, pol, sent = _start("elastic:steal=true,isolate=false,min_engines=4", 8, 2, 8, 2)  # two per engine
     for t in [t for t in sent if st.trajs[t].engine == 0]:
         _finish(st, t)
     assert not [c for c in pol.on_event(TrajectoryFinished(sent[0], TrajStatus.DONE, 3), st)
@@ -220,8 +220,10 @@ def test_isolate_spreads_a_steps_tail_longest_first_to_the_least_loaded_engines(
         legality_check(st, m)
 
 
-def test_isolate_is_off_by_default():
+def test_isolate_is_on_by_default_and_false_turns_it_off():
     _, moves = _tail_of_four("elastic:steal=false,min_engines=4")
+    assert [(m.trajectories, m.engine) for m in moves] == [(("T4",), 2), (("T8",), 3)]
+    _, moves = _tail_of_four("elastic:isolate=false,steal=false,min_engines=4")
     assert moves == []
 
 
