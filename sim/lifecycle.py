@@ -321,7 +321,8 @@ class Lifecycle(DriverCore):
         t.moved_at = -1.0
         t.kv_cached = True
         t.mid_turn = True
-        t.turn_version = eng.version
+        if t.turn_progress == 0 or eng.version < t.turn_version:  # (see SimTraj.turn_version)
+            t.turn_version = eng.version
         if delay > 0.0:
             # KV still in transit: the trajectory waits; the engine is not blocked.
             self.later(delay, self._join_after_transfer, t, (eng.id, new, cached, t.join_token))
@@ -376,7 +377,8 @@ class Lifecycle(DriverCore):
         now = self.now
         while wait and len(eng.members) < cap:
             t, new, cached = wait.popleft()
-            t.turn_version = eng.version
+            if t.turn_progress == 0 or eng.version < t.turn_version:
+                t.turn_version = eng.version
             eng.join(now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
         if not wait:
             del self.seq_wait[eng]
