@@ -25,7 +25,8 @@ of each proof follows):
     count only kept turns' tokens (wasted tokens only add). Before this the term charged
     ``N * step(max_num_seqs, 0) / max_num_seqs``: KV reads ignored.
   - training: every trained trajectory's FLOPs at ``train_mfu`` (the trajectory
-    processor's cheapest packing when it is on), plus one gradient reduction per step.
+    processor's cheapest packing when it is on), plus one gradient reduction per step
+    (every micro-batch reduces; the cheapest reduction at any width the trainer can have).
 
 * **critical path of a trajectory**: alone on an engine (batch 1, context of each turn at
   its smallest, prefix cache always hit, tools never queued) it cannot finish its kept
@@ -48,7 +49,10 @@ of each proof follows):
   token older than version ``s-k``, so its rollout cannot begin before version ``s-k``
   exists and reached an engine: the cheaper of a sync or a role switch after it is
   published (an engine serves the weights current when its switch *started*, as the
-  simulator and a real cluster load them then).
+  simulator and a real cluster load them then). A turn moved mid-way keeps the oldest
+  version that generated one of its kept tokens, but its prompt may have been prefilled
+  on older weights and moved before its first token: the first kept turn's prefill is
+  left off this release.
 
   A policy that does not defer (``defers`` False) promises to train step s's batch at
   version s; the chain is computed step by step on that promise. The simulator does not
@@ -73,7 +77,7 @@ from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import ConfigError
 
 from .cost import CostModel
-from .memory import train_job_s, train_layout
+from .memory import TrainLayout, train_job_s, train_layout
 from .workload import Batches, Workload
 
 # KV capacity slack: the simulator relieves a full engine within float rounding and its
@@ -96,6 +100,18 @@ def decode_engine_seconds(cost: CostModel, tp: int, tokens: float, kv_tokens: fl
     memory = max(steps * (h + co.mem_s(1, 0.0)), tokens / bmax * (h + co.mem_s(bmax, 0.0))) + kv
     compute = steps * h + co.comp_s(1) * tokens
     return float(max(memory, compute))
+
+
+def min_reduce_s(cost: CostModel, layout: TrainLayout, usable: int) -> float:
+    """The cheapest gradient reduction one micro-batch can cost at any width the trainer
+    can have (whole replicas from its floor to ``usable``, inside one NVLink domain or not):
+    a dense model's ring grows with the width, but an MoE's expert shards shrink as expert
+    parallelism widens, so no one width is the cheapest for every model."""
+    if layout.memory is None:
+        return 0.0
+    return min(train_job_s(cost, layout, 0.0, 0.0, g, spans)
+               for g in range(layout.min_gpus, max(usable, layout.min_gpus) + 1, layout.unit)
+               for spans in (False, True))
 
 
 def release_bound(floor: float, jobs: list[tuple[float, float]]) -> float:
@@ -166,17 +182,18 @@ def bound_terms(
     if use == 0:
         raise ConfigError(f"lower bound: {gpus} GPUs are fewer than the trainer's floor of {layout.min_gpus}")
     train_rate = use * cost.peak_flops * cost.train_mfu
-    reduce = 0.0 if layout.memory is None else train_job_s(cost, layout, 0.0, 0.0, layout.min_gpus, False)
+    reduce = min_reduce_s(cost, layout, use)
     opt = cost.optimizer_step_s
     start = cost.switch_s
     refresh = min(cost.sync_s(tp, local=True), cost.switch_s)
 
-    step_jobs: list[list[tuple[float, float]]] = []  # per step: (solo, training seconds)
+    # per step: (solo, training seconds, solo less the first turn's prefill)
+    step_jobs: list[list[tuple[float, float, float]]] = []
     rollout_only = 0.0  # the longest rollout of a dropped trajectory
     out_tokens = kv_tokens = other_work = 0.0
     promise_kept = True
     for s, batch in enumerate(batches):
-        jobs: list[tuple[float, float]] = []
+        jobs: list[tuple[float, float, float]] = []
         for rid, trace_id in batch:
             i = workload.index[trace_id]
             b = int(starts[i])
@@ -201,7 +218,10 @@ def bound_terms(
             ctx = cs_tok[e] - cs_tok[b]
             fl = train_flops[rid] if train_flops is not None and rid in train_flops else cost.train_flops(ctx)
             other_work += fl / (cost.peak_flops * cost.train_mfu)
-            jobs.append((t_solo, fl / train_rate))
+            # (released at the step's rollout start + solo, less the first turn's prefill: a
+            # turn may be prefilled on an engine with older weights and moved, KV and all,
+            # before its first token -- staleness counts generated tokens)
+            jobs.append((t_solo, fl / train_rate, t_solo - prefill[b]))
             if trained_at is not None and trained_at.get(rid, s) != s:
                 promise_kept = False
         step_jobs.append(jobs)
@@ -216,10 +236,10 @@ def bound_terms(
     if not every:
         return terms
     # the trainer's total: every micro-batch (one reduction at least) and optimizer step
-    terms["trainer"] = float(start + sum(p for _, p in every) + reduce + steps * opt)
+    terms["trainer"] = float(start + sum(p for _, p, _ in every) + reduce + steps * opt)
     if defers or not promise_kept:
         # one machine, every trajectory released once it could have rolled out from the start
-        terms["chain"] = float(release_bound(start, [(start + r, p) for r, p in every]) + reduce + opt)
+        terms["chain"] = float(release_bound(start, [(start + r, p) for r, p, _ in every]) + reduce + opt)
         return terms
     t_end: list[float] = []
     for s, jobs in enumerate(step_jobs):
@@ -227,7 +247,11 @@ def bound_terms(
         if not jobs:
             t_end.append(prev + opt)
             continue
-        r_start = start if s <= staleness else t_end[s - staleness - 1] + refresh
-        t_end.append(release_bound(prev, [(r_start + r, p) for r, p in jobs]) + reduce + opt)
+        if s <= staleness:  # (no engine exists before the first switch)
+            released = [(start + r, p) for r, p, _ in jobs]
+        else:
+            r_start = t_end[s - staleness - 1] + refresh
+            released = [(r_start + r, p) for _, p, r in jobs]
+        t_end.append(release_bound(prev, released) + reduce + opt)
     terms["chain"] = float(t_end[-1])
     return terms
