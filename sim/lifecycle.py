@@ -364,11 +364,15 @@ class Lifecycle(DriverCore):
         eng.rearm(self.now)
 
     def _wait_seq(self, t: SimTraj, eng: EngineSim, new: int, cached: int) -> None:
-        """The engine decodes ``max_num_seqs`` sequences: ``t`` waits for a slot, FIFO."""
+        """The engine decodes ``max_num_seqs`` sequences: ``t`` waits for a slot, FIFO.
+        Its KV is reserved, so the decoding turns now fill the engine sooner: the wake-up
+        that relieves a full engine is re-armed (without it the engine ran over its
+        capacity until its next batch change)."""
         wait = self.seq_wait.get(eng)
         if wait is None:
             wait = self.seq_wait[eng] = deque()
         wait.append((t, new, cached))
+        eng.rearm(self.now)
 
     def _resume_seq(self, eng: EngineSim) -> None:
         """Slots freed on ``eng``: turns waiting for one join, oldest first."""
