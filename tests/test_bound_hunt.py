@@ -302,3 +302,20 @@ def test_no_shipped_policy_beats_the_bound_under_faults(w, spec, cost, seed, kin
         return
     if out.result.complete:
         assert out.result.makespan >= out.lower_bound_seconds * (1 - 1e-9)
+
+
+def test_an_engine_never_runs_over_its_kv_while_turns_wait_for_a_slot():
+    # found by the harder hunt (RLSCHED_HUNT=20): with max_num_seqs 3, T5's turn was admitted
+    # to wait for a decode slot (its KV reserved) after the engine had armed its full-KV
+    # wake-up, which was not re-armed: the three decoding turns grew the engine to 170.7 of
+    # its 170 tokens (--check: InvariantViolation). The bound's KV-capacity term relies on
+    # the capacity holding.
+    rows = [("task0", "T0", 0, 0, 9, 0.0), ("task1", "T1", 0, 3, 0, 0.0), ("task1", "T1", 1, 50, 0, 0.0),
+            ("task1", "T1", 2, 15, 9, 0.0), ("task0", "T2", 0, 30, 0, 0.0), ("task0", "T2", 1, 3, 9, 0.0),
+            ("task1", "T3", 0, 0, 6, 0.0), ("task0", "T4", 0, 27, 12, 0.0), ("task1", "T5", 0, 0, 9, 0.0),
+            ("task1", "T5", 1, 4, 0, 0.0)]
+    batches = [[(t, t) for t in s] for s in (["T0", "T2", "T4"], ["T1", "T3", "T5"])]
+    out = simulate(Workload.from_frame(trace(rows)), batches, RandomLegal(1, 1),
+                   RunConfig(gpus=3, tp=1, steps=2, check=True), KV, spec="random-legal")
+    assert out.result.complete
+    assert out.result.makespan >= out.lower_bound_seconds * (1 - 1e-9)
