@@ -25,7 +25,9 @@ Traces: the shipped long-tail sample, the seed-scale preset (``swe-seed``, turns
 by ``--seed-turns-scale`` to fit the time) and the drift preset (``longtail-growing``);
 16 tasks x 8 samples per step per 64 GPUs. Prints markdown: one table per (trace, GPUs)
 with ratios against colocated and against the best baseline at the same staleness, the
-gap to each policy's own lower bound, then a summary. Run:
+gap to each policy's own lower bound, that gap split by cause (``summary.csv``'s
+``gap_*`` columns: the GPU-time each cause lost, attributed so that the causes sum
+exactly to the gap) with the bound term that binds, then a summary. Run:
 
     python bench/bench_elastic.py                      # 64, 256, 1024 GPUs (long)
     python bench/bench_elastic.py --gpus 64 --traces longtail
@@ -50,9 +52,11 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from rlsched.analysis.metrics import GAP_CAUSES, summarize
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import RlschedError
 from rlsched.cluster.ids import TrajStatus
+from rlsched.cluster.record import read_run
 from rlsched.policies import make_policy, parse_spec
 from rlsched.policies.oracle import Oracle
 from rlsched.policies.registry import resolve_params
@@ -72,6 +76,9 @@ ABLATION = ([f"elastic:{a}{',staleness=1' if k else ''}" for k in (0, 1)
             + ["elastic:isolate=false,staleness=1",
                "elastic:train_share=0,train_within=0.4,staleness=1",
                "elastic:train_share=0,train_within=0.4,hedge=false,staleness=1"])
+CAUSES = (*GAP_CAUSES, "gap_other_s")
+CAUSE_NAMES = {"gap_tail_s": "tail", "gap_trainer_wait_s": "trainer waiting", "gap_switch_s": "switching",
+               "gap_sync_s": "sync", "gap_other_s": "other"}
 _CACHE: dict[tuple, tuple] = {}
 
 
@@ -98,8 +105,10 @@ def run_one(job: tuple[str, str, int, int, int, bool]) -> dict:
     w, b, turns = _setup(trace, steps, tasks)
     policy = _policy(spec, turns)
     t0 = time.perf_counter()
-    out = simulate(w, b, policy, RunConfig(gpus=gpus, tp=4, steps=steps, processor=processor),
-                   default_cost())
+    with tempfile.TemporaryDirectory() as d:  # (the record, for the gap by cause)
+        out = simulate(w, b, policy, RunConfig(gpus=gpus, tp=4, steps=steps, processor=processor),
+                       default_cost(), out_dir=Path(d) / "run")
+        row = summarize(read_run(Path(d) / "run"))
     r = out.result
     # staleness of trained tokens, as compare counts it (a trajectory with no kept token
     # has none)
@@ -107,7 +116,9 @@ def run_one(job: tuple[str, str, int, int, int, bool]) -> dict:
                  if t.status is TrajStatus.TRAINED and t.min_version >= 0), default=0)
     return {"spec": spec, "k": policy.max_staleness, "seconds": r.makespan, "complete": r.complete,
             "bound": out.lower_bound_seconds, "tokens": sum(s["trained_tokens"] for s in r.steps),
-            "stale": stale, "wall": time.perf_counter() - t0}
+            "stale": stale, "wall": time.perf_counter() - t0,
+            "binds": max(out.bound_terms, key=out.bound_terms.__getitem__),
+            **{c: row[c] for c in ("gap_seconds", *CAUSES)}}
 
 
 def trace_file_step(path: str, gpus: int) -> tuple[int, int, str]:
@@ -169,6 +180,14 @@ def study(pool: ProcessPoolExecutor, trace: str, label: str, gpus: int, steps: i
               f"{r['bound']:.0f} | {100 * (r['seconds'] / r['bound'] - 1):.1f}% | "
               f"{col['seconds'] / r['seconds']:.3f}x | {best[k]['seconds'] / r['seconds']:.3f}x | "
               f"{100 * (r['tokens'] / ref_tokens - 1):+.2f}% | {r['stale']} |")
+    print("\nGap to the bound by cause (seconds, and share of the gap; the causes sum to the gap):\n")
+    print("| policy | k | bound term | gap s | " + " | ".join(CAUSE_NAMES[c] for c in CAUSES) + " |")
+    print("|---|---:|---|---:|" + "---:|" * len(CAUSES))
+    for s in dict.fromkeys(["colocated", *shown]):
+        r = rows[s]
+        g = r["gap_seconds"]
+        cells = " | ".join(f"{r[c]:.0f} ({100 * r[c] / g:.0f}%)" if g > 0 else f"{r[c]:.0f}" for c in CAUSES)
+        print(f"| {s} | {r['k']} | {r['binds']} | {g:.0f} | {cells} |")
     off = [s for s, r in rows.items() if abs(r["tokens"] - ref_tokens) > 0.01 * ref_tokens]
     bad = [s for s, r in rows.items() if r["stale"] > r["k"] or not r["complete"]]
     print(f"\ntrained tokens within 1% of colocated: {'all' if not off else 'NOT ' + ', '.join(off)}; "
@@ -181,6 +200,8 @@ def study(pool: ProcessPoolExecutor, trace: str, label: str, gpus: int, steps: i
             "k1_vs_best": best[1]["seconds"] / el1["seconds"], "k1_bound_allows": best[1]["seconds"] / el1["bound"],
             "k1_gap": el1["seconds"] / el1["bound"] - 1, "best1": best[1]["spec"],
             "oracle1_vs_best": best[1]["seconds"] / rows["oracle:staleness=1"]["seconds"],
+            "k1_gap_by_cause": {c: el1[c] for c in CAUSES}, "k1_gap_s": el1["gap_seconds"],
+            "k0_gap_by_cause": {c: el0[c] for c in CAUSES}, "k0_gap_s": el0["gap_seconds"],
             "wall": sum(r["wall"] for r in rows.values())}
 
 
@@ -242,6 +263,14 @@ def main() -> None:
         print(f"| {s['label']} | {s['gpus']} | {s['k0_vs_col']:.3f}x | {s['k0_bound_allows']:.3f}x | "
               f"{100 * s['k0_gap']:.1f}% | {s['k1_vs_best']:.3f}x | {s['k1_bound_allows']:.3f}x | "
               f"{100 * s['k1_gap']:.1f}% | {s['oracle1_vs_best']:.3f}x | {s['best1']} |")
+    print("\n### The elastic defaults' gap to the bound by cause (seconds; share of the gap)\n")
+    print("| trace | GPUs | k | gap s | " + " | ".join(CAUSE_NAMES[c] for c in CAUSES) + " |")
+    print("|---|---:|---:|---:|" + "---:|" * len(CAUSES))
+    for s in summary:
+        for k in (0, 1):
+            g, by = s[f"k{k}_gap_s"], s[f"k{k}_gap_by_cause"]
+            cells = " | ".join(f"{by[c]:.0f} ({100 * by[c] / g:.0f}%)" if g > 0 else f"{by[c]:.0f}" for c in CAUSES)
+            print(f"| {s['label']} | {s['gpus']} | {k} | {g:.0f} | {cells} |")
     print(f"\nbench wall time: {time.time() - t0:.0f} s")
 
 

@@ -1,22 +1,72 @@
 """A lower bound on the wall time of a run, for a policy's staleness bound.
 
 No schedule can beat it under this cost model, so the gap to it says how much any policy
-could still gain. It is built from two facts:
+could still gain. Each term below is proved from what the simulator enforces (a sketch
+of each proof follows):
 
-* **work**: every GPU-second of prefill, decode (at the best per-token cost any batch can
-  reach: ``max_num_seqs`` sequences, KV traffic ignored) and training must be done by the
-  cluster's GPUs, after the first role switch every GPU must make;
-* **critical path**: a trajectory cannot finish faster than alone on an engine (batch 1,
-  context of each turn at its smallest, prefix cache always hit, tools never queued), then
-  be trained on every GPU at once; the step's optimizer step follows, and the next step's
-  rollout cannot begin before the new weights reach an engine (the cheaper of a sync or a
-  role switch: an engine serves the weights current when its switch *started*, as the
-  simulator and a real cluster load them then). With staleness k, step s may start once version s-k exists, so steps
-  overlap and the chain is computed accordingly. Policies that may defer a trajectory to a
-  later step (partial rollout) get only the whole-run critical path.
+* **work**: every GPU-second of prefill, decode and training must be done by the
+  cluster's ``G`` GPUs after the first role switch every GPU must make (all start IDLE and
+  the cheapest switch is ``switch_s``): ``T >= switch_s + work / G``.
+
+  - prefill of each kept turn at its cheapest (prefix cache always hit), ``tp`` GPUs.
+  - decode (:func:`decode_engine_seconds`): an engine decoding ``b <= max_num_seqs``
+    sequences (enforced: further turns wait for a slot) that hold ``C`` context tokens
+    (``C <= `` its KV capacity: enforced, generated tokens that fill it preempt) advances
+    every sequence by one token per ``h + max(w(b) + k*C, c*b)`` seconds (the cost
+    model's step: overhead, weights and KV reads over bandwidth, or compute). A
+    sequence's context while it decodes a turn is at least the turn's context at its
+    start (context before it plus its prompt: the engine samples the context at every
+    batch change, never below the join context). Summing the step over the run's decode
+    intervals (``S`` steps, ``N`` tokens, ``K`` = sum over tokens of their context):
+    ``max(w + kC, cb) >= w + kC`` and ``>= cb``, ``S >= N / max_num_seqs``,
+    ``S >= K / capacity``, ``w(b) >= w(1)`` and ``w(b) >= b/max_num_seqs * w(max)``
+    (an MoE's expert reads are concave in ``b``), so the engine-seconds are at least
+    ``max(S*(h + w(1)), N/bmax*(h + w(bmax))) + k*K`` and ``S*h + c*N``. ``N`` and ``K``
+    count only kept turns' tokens (wasted tokens only add). Before this the term charged
+    ``N * step(max_num_seqs, 0) / max_num_seqs``: KV reads ignored.
+  - training: every trained trajectory's FLOPs at ``train_mfu`` (the trajectory
+    processor's cheapest packing when it is on), plus one gradient reduction per step
+    (every micro-batch reduces; the cheapest reduction at any width the trainer can have).
+
+* **critical path of a trajectory**: alone on an engine (batch 1, context of each turn at
+  its smallest, prefix cache always hit, tools never queued) it cannot finish its kept
+  turns faster than ``solo`` (a trajectory cut short does not wait for its last kept
+  turn's tool call).
+
+* **the trainer's chain** (new): the trainer runs one job at a time (FIFO of micro-batches
+  and optimizer steps), at most on every usable GPU of the cluster (``rate``). A
+  trajectory is trained after it finished, so its micro-batch starts no earlier than its
+  *release* ``r`` = when its rollout could begin + ``solo``. For any ``theta``, the
+  trajectories released at ``theta`` or later are all trained after ``theta``: the step
+  that trains them ends at or after ``theta + sum(flops) / rate + reduce +
+  optimizer_step_s`` (the last micro-batch reduces, then the optimizer step). Taking
+  ``theta`` at each release gives a one-machine bound with release times; taking it at the
+  previous step's end gives ``end(s) >= end(s-1) + step s's training + reduce +
+  optimizer step`` -- step s+1 is trained on the weights after step s's update. (Before
+  this the chain charged only the single slowest trajectory's training per step.)
+
+* **staleness**: with staleness ``k``, a trajectory trained at version ``s`` holds no
+  token older than version ``s-k``, so its rollout cannot begin before version ``s-k``
+  exists and reached an engine: the cheaper of a sync or a role switch after it is
+  published (an engine serves the weights current when its switch *started*, as the
+  simulator and a real cluster load them then). A turn moved mid-way keeps the oldest
+  version that generated one of its kept tokens, but its prompt may have been prefilled
+  on older weights and moved before its first token: the first kept turn's prefill is
+  left off this release.
+
+  A policy that does not defer (``defers`` False) promises to train step s's batch at
+  version s; the chain is computed step by step on that promise. The simulator does not
+  enforce it, so the caller passes each trajectory's ``trained_at`` version and a run
+  that broke it gets the whole-run bound below. A deferring policy (partial rollout)
+  gets only the whole-run bound: the one-machine bound over all trajectories released
+  from the first switch, and the trainer's total work (every micro-batch and every
+  optimizer step, one at a time).
 
 Only the turns a run actually kept count (a trajectory cut at KV capacity or trained as
-partial did less work), so the bound is valid for every policy and every run.
+partial did less work), and a dropped trajectory is charged its rollout but no training,
+so the bound is valid for every policy and every run. Faults only add time (lost work,
+restarts, failed GPUs, hung tools cut no earlier than their recorded time), so it holds
+under fault injection too.
 """
 
 from __future__ import annotations
@@ -27,11 +77,62 @@ from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import ConfigError
 
 from .cost import CostModel
-from .memory import train_job_s, train_layout
+from .memory import TrainLayout, train_job_s, train_layout
 from .workload import Batches, Workload
 
+# KV capacity slack: the simulator relieves a full engine within float rounding and its
+# --check allows (1 + 1e-6) x capacity + 1e-6 tokens; the bound allows a little more
+KV_SLACK = 1e-6
 
-def lower_bound(
+
+def decode_engine_seconds(cost: CostModel, tp: int, tokens: float, kv_tokens: float) -> float:
+    """The fewest engine-seconds (times ``tp`` for GPU-seconds) in which engines of ``tp``
+    GPUs can decode ``tokens`` tokens whose contexts sum to at least ``kv_tokens``, at any
+    batching the simulator allows (proof in the module docstring)."""
+    if tokens <= 0:
+        return 0.0
+    co = cost.decode_coefficients(tp)
+    bmax = cost.max_num_seqs
+    cap = cost.kv_capacity_tokens(tp) * (1.0 + KV_SLACK) + 1.0
+    steps = max(tokens / bmax, kv_tokens / cap)
+    h = co.overhead
+    kv = co.kv_tok * kv_tokens / co.mem_den
+    memory = max(steps * (h + co.mem_s(1, 0.0)), tokens / bmax * (h + co.mem_s(bmax, 0.0))) + kv
+    compute = steps * h + co.comp_s(1) * tokens
+    return float(max(memory, compute))
+
+
+def min_reduce_s(cost: CostModel, layout: TrainLayout, usable: int) -> float:
+    """The cheapest gradient reduction one micro-batch can cost at any width the trainer
+    can have (whole replicas from its floor to ``usable``, inside one NVLink domain or not):
+    a dense model's ring grows with the width, but an MoE's expert shards shrink as expert
+    parallelism widens, so no one width is the cheapest for every model."""
+    if layout.memory is None:
+        return 0.0
+    return min(train_job_s(cost, layout, 0.0, 0.0, g, spans)
+               for g in range(layout.min_gpus, max(usable, layout.min_gpus) + 1, layout.unit)
+               for spans in (False, True))
+
+
+def release_bound(floor: float, jobs: list[tuple[float, float]]) -> float:
+    """When one machine, free from ``floor`` on, can have finished every ``(release,
+    seconds)`` job at the earliest: ``max(floor + all, max over r of r + the seconds of the
+    jobs released at r or later)``."""
+    total = floor + sum(p for _, p in jobs)
+    acc = 0.0
+    best = total
+    for r, p in sorted(jobs, reverse=True):
+        acc += p
+        best = max(best, r + acc)
+    return best
+
+
+def lower_bound(*args, **kwargs) -> float:
+    """The bound (seconds): the largest of :func:`bound_terms` (same arguments)."""
+    return float(max(bound_terms(*args, **kwargs).values()))
+
+
+def bound_terms(
     workload: Workload,
     batches: Batches,
     cost: CostModel,
@@ -41,11 +142,20 @@ def lower_bound(
     turns_kept: dict[str, int] | None = None,
     train_flops: dict[str, float] | None = None,
     cut: set[str] | frozenset[str] = frozenset(),
-) -> float:
+    dropped: set[str] | frozenset[str] = frozenset(),
+    trained_at: dict[str, int] | None = None,
+) -> dict[str, float]:
+    """The bound's terms (seconds; the bound is the largest): ``work`` (GPU-seconds over
+    the cluster), ``rollout`` (a dropped trajectory's rollout), ``trainer`` (the trainer's
+    total) and ``chain`` (the step chain, or the whole-run one-machine bound for a
+    deferring policy). ``turns_kept``: turns each run id kept (default: all);
+    ``train_flops``: its cheapest training FLOPs (default: its kept context as one
+    sequence); ``cut``: run ids that did not end on their own; ``dropped``: run ids never
+    trained; ``trained_at``: the version each trained run id was trained at (a
+    non-deferring policy that trained one off its step gets the whole-run bound)."""
     tp, gpus = config.tp, config.gpus
     p = workload.prompt.astype(np.float64)
     o = workload.output.astype(np.float64)
-    n_rows = len(p)
     starts = workload.start
     # context before each turn (within its trajectory)
     tok = p + o
@@ -55,13 +165,15 @@ def lower_bound(
     prefill = cost.prefill_s(tp, p, ctx_before)
     # alone on an engine (batch 1) at the turn's smallest context, the cheapest placement
     solo = prefill + o * cost.decode_coefficients(tp).step_s(1, ctx_before + p, np.maximum) + workload.env
-    bmax = cost.max_num_seqs
-    best_step = cost.decode_step_s(tp, bmax, 0.0)
-    gpu_work = tp * (prefill + o * best_step / bmax)
-    cs_solo = np.concatenate([[0.0], np.cumsum(solo)])
-    cs_work = np.concatenate([[0.0], np.cumsum(gpu_work)])
-    cs_tok = np.concatenate([[0.0], cum])
-    del n_rows
+
+    def cs(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([[0.0], np.cumsum(x)])
+
+    cs_solo = cs(solo)
+    cs_prefill = cs(tp * prefill)
+    cs_out = cs(o)
+    cs_kv = cs(o * (ctx_before + p))  # each output token's smallest context
+    cs_tok = cs(tok)
 
     # the trainer works on whole replicas of its model-parallel group, at least its floor,
     # and every step reduces gradients at least once at a width of at least the floor
@@ -70,46 +182,76 @@ def lower_bound(
     if use == 0:
         raise ConfigError(f"lower bound: {gpus} GPUs are fewer than the trainer's floor of {layout.min_gpus}")
     train_rate = use * cost.peak_flops * cost.train_mfu
-    reduce = 0.0 if layout.memory is None else train_job_s(cost, layout, 0.0, 0.0, layout.min_gpus, False)
-    step_crit: list[float] = []
-    total_work = 0.0
-    whole_crit = 0.0
-    for batch in batches:
-        crit = 0.0
+    reduce = min_reduce_s(cost, layout, use)
+    opt = cost.optimizer_step_s
+    start = cost.switch_s
+    refresh = min(cost.sync_s(tp, local=True), cost.switch_s)
+
+    # per step: (solo, training seconds, solo less the first turn's prefill)
+    step_jobs: list[list[tuple[float, float, float]]] = []
+    rollout_only = 0.0  # the longest rollout of a dropped trajectory
+    out_tokens = kv_tokens = other_work = 0.0
+    promise_kept = True
+    for s, batch in enumerate(batches):
+        jobs: list[tuple[float, float, float]] = []
         for rid, trace_id in batch:
             i = workload.index[trace_id]
-            s = int(starts[i])
+            b = int(starts[i])
             k = int(workload.turns[i]) if turns_kept is None else turns_kept.get(rid, int(workload.turns[i]))
             if k <= 0:
                 continue
-            e = s + k
-            ctx = cs_tok[e] - cs_tok[s]
-            fl = train_flops[rid] if train_flops is not None and rid in train_flops else cost.train_flops(ctx)
+            e = b + k
             # a trajectory cut short (partial rollout) is trained without waiting for its
             # last kept turn's tool call, also when that was its last turn (``cut``: it did
             # not end on its own); a whole one ends with its last tool call
-            t_solo = cs_solo[e] - cs_solo[s]
+            t_solo = cs_solo[e] - cs_solo[b]
             if k < int(workload.turns[i]) or rid in cut:
                 t_solo -= workload.env[e - 1]
-            path = t_solo + fl / train_rate
             # (an interrupt keeping progress leaves a tool call running: a resumed
             # trajectory waits for its result, so tool time stays on its chain)
-            whole_crit = max(whole_crit, path)
-            crit = max(crit, path)
-            total_work += (cs_work[e] - cs_work[s]) + fl / (cost.peak_flops * cost.train_mfu)
-        step_crit.append(crit + reduce + cost.optimizer_step_s)
-        total_work += reduce * layout.min_gpus
-    start = cost.switch_s
-    refresh = min(cost.sync_s(tp, local=True), cost.switch_s)
-    work_bound = start + total_work / gpus
-    steps = len(step_crit)
-    if defers:
-        chain = start + whole_crit + steps * cost.optimizer_step_s
-        return float(max(work_bound, chain))
+            out_tokens += cs_out[e] - cs_out[b]
+            kv_tokens += cs_kv[e] - cs_kv[b]
+            other_work += cs_prefill[e] - cs_prefill[b]
+            if rid in dropped:
+                rollout_only = max(rollout_only, t_solo)
+                continue
+            ctx = cs_tok[e] - cs_tok[b]
+            fl = train_flops[rid] if train_flops is not None and rid in train_flops else cost.train_flops(ctx)
+            other_work += fl / (cost.peak_flops * cost.train_mfu)
+            # (released at the step's rollout start + solo, less the first turn's prefill: a
+            # turn may be prefilled on an engine with older weights and moved, KV and all,
+            # before its first token -- staleness counts generated tokens)
+            jobs.append((t_solo, fl / train_rate, t_solo - prefill[b]))
+            if trained_at is not None and trained_at.get(rid, s) != s:
+                promise_kept = False
+        step_jobs.append(jobs)
+        if jobs:
+            other_work += reduce * layout.min_gpus
+    decode = tp * decode_engine_seconds(cost, tp, out_tokens, kv_tokens)
+    work_bound = start + (other_work + decode) / gpus
+    steps = len(step_jobs)
+    every = [job for jobs in step_jobs for job in jobs]
+    terms = {"work": float(work_bound), "rollout": float(start + rollout_only),
+             "trainer": float(start + steps * opt), "chain": float(start)}
+    if not every:
+        return terms
+    # the trainer's total: every micro-batch (one reduction at least) and optimizer step
+    terms["trainer"] = float(start + sum(p for _, p, _ in every) + reduce + steps * opt)
+    if defers or not promise_kept:
+        # one machine, every trajectory released once it could have rolled out from the start
+        terms["chain"] = float(release_bound(start, [(start + r, p) for r, p, _ in every]) + reduce + opt)
+        return terms
     t_end: list[float] = []
-    for s in range(steps):
-        r_start = start if s <= staleness else t_end[s - staleness - 1] + refresh
-        prev = t_end[s - 1] + cost.optimizer_step_s if s else 0.0
-        t_end.append(max(prev, r_start + step_crit[s]))
-    return float(max(work_bound, t_end[-1] if t_end else start))
-
+    for s, jobs in enumerate(step_jobs):
+        prev = t_end[s - 1] if s else start
+        if not jobs:
+            t_end.append(prev + opt)
+            continue
+        if s <= staleness:  # (no engine exists before the first switch)
+            released = [(start + r, p) for r, p, _ in jobs]
+        else:
+            r_start = t_end[s - staleness - 1] + refresh
+            released = [(r_start + r, p) for _, p, r in jobs]
+        t_end.append(release_bound(prev, released) + reduce + opt)
+    terms["chain"] = float(t_end[-1])
+    return terms

@@ -321,7 +321,8 @@ class Lifecycle(DriverCore):
         t.moved_at = -1.0
         t.kv_cached = True
         t.mid_turn = True
-        t.turn_version = eng.version
+        if t.turn_progress == 0 or eng.version < t.turn_version:  # (see SimTraj.turn_version)
+            t.turn_version = eng.version
         if delay > 0.0:
             # KV still in transit: the trajectory waits; the engine is not blocked.
             self.later(delay, self._join_after_transfer, t, (eng.id, new, cached, t.join_token))
@@ -363,11 +364,15 @@ class Lifecycle(DriverCore):
         eng.rearm(self.now)
 
     def _wait_seq(self, t: SimTraj, eng: EngineSim, new: int, cached: int) -> None:
-        """The engine decodes ``max_num_seqs`` sequences: ``t`` waits for a slot, FIFO."""
+        """The engine decodes ``max_num_seqs`` sequences: ``t`` waits for a slot, FIFO.
+        Its KV is reserved, so the decoding turns now fill the engine sooner: the wake-up
+        that relieves a full engine is re-armed (without it the engine ran over its
+        capacity until its next batch change)."""
         wait = self.seq_wait.get(eng)
         if wait is None:
             wait = self.seq_wait[eng] = deque()
         wait.append((t, new, cached))
+        eng.rearm(self.now)
 
     def _resume_seq(self, eng: EngineSim) -> None:
         """Slots freed on ``eng``: turns waiting for one join, oldest first."""
@@ -376,7 +381,8 @@ class Lifecycle(DriverCore):
         now = self.now
         while wait and len(eng.members) < cap:
             t, new, cached = wait.popleft()
-            t.turn_version = eng.version
+            if t.turn_progress == 0 or eng.version < t.turn_version:
+                t.turn_version = eng.version
             eng.join(now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
         if not wait:
             del self.seq_wait[eng]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from rlsched.cluster.loop.trainer_queue import STEP_COLUMNS
 from rlsched.cluster.policy import Policy
 from rlsched.cluster.record import RunRecorder
 
-from .bound import lower_bound
+from .bound import bound_terms
 from .cost import CostModel
 from .driver import Progress, SimDriver, SimResult
 from .invariants import check_result
@@ -31,6 +31,8 @@ class SimOutcome:
     result: SimResult
     lower_bound_seconds: float
     record_dir: Path | None
+    # the bound's terms (``sim.bound.bound_terms``; the bound is the largest): which one binds
+    bound_terms: dict[str, float] = field(default_factory=dict)
 
 
 def simulate(
@@ -78,11 +80,15 @@ def simulate(
                 n = charged.get(rid, 0)
                 ctx = int((workload.prompt[s : s + k] + workload.output[s : s + k]).sum())
                 best_flops[rid] = cost.train_flops(n, ctx - n) if n else 0.0
-    bound = lower_bound(
+    terms = bound_terms(
         workload, batches, cost, config, policy.max_staleness, policy.defers,
         turns_kept=kept, train_flops=best_flops,
         cut={t for t, ts in result.state.trajs.items() if ts.finish_status is not TrajStatus.DONE},
+        dropped={t for t, ts in result.state.trajs.items() if ts.status is TrajStatus.DROPPED},
+        trained_at={t: ts.trained_version for t, ts in result.state.trajs.items()
+                    if ts.status is TrajStatus.TRAINED},
     )
+    bound = float(max(terms.values()))
     if config.check and result.complete:
         check_result(result, driver)
     if recorder is not None:
@@ -110,7 +116,7 @@ def simulate(
                 extra=meta or {},
             ).to_dict(),
         )
-    return SimOutcome(result, bound, out_dir)
+    return SimOutcome(result, bound, out_dir, terms)
 
 
 def _config_dict(config: RunConfig) -> dict[str, Any]:

@@ -51,6 +51,8 @@ class SimTraj:
         self.mid_turn = False  # current turn's prompt is in the context
         self.turn_progress = 0  # tokens of the current turn produced and kept
         self.pending_out = 0  # tokens of an admitted turn counted in its engine's unborn
+        # the oldest weights that generated a kept token of the current turn (a turn moved
+        # mid-way keeps its first engine's version when that is older: staleness counts it)
         self.turn_version = -1
         self.kv_cached = False
         self.moved_at = -1.0  # KV can be pulled from the engine it left at this time
