@@ -39,7 +39,7 @@ what it should do, and issues only the difference. What it should do:
   its engine with two batches' bulk. Measured against ``isolate=false`` (simulated, the
   elastic bench's six points and the regime map's twelve): at k=1 faster at five bench
   points (by up to 11% on the growing preset), slower by 0.3% at the sixth and by at most
-  0.01% on the map; at k=0 faster at all six bench points (0.03-1.3%). It costs 0.7 points
+  0.01% on the map; at k=0 faster at all six bench points (0.03-1.2%). It costs 0.7 points
   on one small no-harm case (4 engines, 8 trajectories a step: 2.3% behind the best async
   instead of 1.6%); ``isolate=false`` gives the earlier schedule.
 * **Cut the tail, if asked** (``cut``, staleness k >= 1 only): the step's optimizer step
