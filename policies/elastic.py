@@ -594,6 +594,16 @@ class Elastic(Configured):
         for c in sent:
             if isinstance(c, Move) and c.engine in loads:
                 loads[c.engine] += len(c.trajectories)
+        # A trajectory on engine e moves only to a load + 1 < loads[e], and every load is at
+        # least the lowest: an engine below lowest + 2 never sends one. Moves only narrow the
+        # spread, so with none at lowest + 2 nothing moves (the common, balanced case: without
+        # this check a seed-scale run, 2 trajectories per engine from the start, spent most of
+        # its time ranking and scanning here).
+        if len(loads) < 2:
+            return []
+        lowest = min(loads.values())
+        if max(loads.values()) < lowest + 2:
+            return []
         live = (TrajStatus.QUEUED, TrajStatus.RUNNING)
         out: list[Command] = []
         for st in steps:
@@ -604,8 +614,8 @@ class Elastic(Configured):
             ranked = sorted(((self._predictor.remaining(i.id, i.task_id, i.turns_done), i.id, i.engine)
                              for i in tail), reverse=True)
             for _, t, e in ranked:
-                if e not in loads:
-                    continue
+                if e not in loads or loads[e] < lowest + 2:
+                    continue  # (see above: no engine has room for it with fewer companions)
                 cands = [(load, x) for x, load in loads.items() if x != e and infos[x].version >= floor]
                 if not cands:
                     continue
@@ -615,6 +625,7 @@ class Elastic(Configured):
                 self._stolen.add(t)
                 loads[e] -= 1
                 loads[f] += 1
+                lowest = min(loads.values())
                 out.append(Move((t,), engine=f))
         return out
 
