@@ -164,3 +164,24 @@ def test_an_abort_that_crosses_a_finished_turn_does_not_stall_it() -> None:
     # the next turn goes to engine 1 (before the fix it waited forever for an abort reply)
     assert "t0#1" in [rid for call in a1.sent("step") + a1.sent("submit") for rid in call]
     assert host.st.trajs["t0"].engine == 1 and host.st.trajs["t0"].status is TrajStatus.RUNNING
+
+
+def test_an_interrupt_keeping_progress_during_a_tool_call_keeps_the_finished_turns_version():
+    """``partial`` interrupts keeping progress; a trajectory whose generated turn is in its
+    tool call has finished that turn, so the tool call's return records it at the version
+    that generated it (it was recorded at -1 and the run's trace was refused when written)."""
+    from rlsched.real.loop.rollout import TrajRuntime, _drop_partial
+    from rlsched.real.rollout.agent_loop import AgentTrajectory
+
+    t, rt = AgentTrajectory("T0", "task", 0, 0), TrajRuntime()
+    t.add_output([5, 6, 7], version=3)
+    out, v = t.finish_turn(3)
+    rt.turn_version, rt.in_env = v, True  # (as turn_generated leaves it)
+    _drop_partial(t, rt)
+    t.record_turn(len(out), 1.0, rt.turn_version)
+    assert [r.version for r in t.rows] == [3] and t.wasted == 0
+    # a turn still generating is lost, and so is its version
+    t.add_output([8], version=4)
+    rt.turn_version, rt.in_env = 4, False
+    _drop_partial(t, rt)
+    assert rt.turn_version == -1 and t.partial == [] and t.wasted == 1

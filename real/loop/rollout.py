@@ -529,11 +529,15 @@ class Rollout:
 
 
 def _drop_partial(t: Any, rt: TrajRuntime) -> None:
-    """Throw away the turn in progress of ``t`` (its tokens count as wasted)."""
+    """Throw away the turn in progress of ``t`` (its tokens count as wasted). A turn whose
+    tool call is running is finished, not in progress: it keeps its version, which the
+    tool call's return records (cleared, it was recorded as version -1 and the run's trace
+    was refused when written: an ``Interrupt(keep)`` during tool time, as ``partial`` sends)."""
     t.wasted += len(t.partial)
     t.partial, t.partial_version = [], -1
     t.partial_logprobs, t.partial_versions = [], []
-    rt.turn_version = -1
+    if not rt.in_env:
+        rt.turn_version = -1
 
 
 def _ignore(_: Any) -> None:
