@@ -176,9 +176,9 @@ def test_an_interrupt_keeping_progress_during_a_tool_call_keeps_the_finished_tur
     t, rt = AgentTrajectory("T0", "task", 0, 0), TrajRuntime()
     t.add_output([5, 6, 7], version=3)
     out, v = t.finish_turn(3)
-    rt.turn_version, rt.in_env = v, True  # (as turn_generated leaves it)
+    rt.last_version, rt.in_env = v, True  # (as turn_generated leaves it)
     _drop_partial(t, rt)
-    t.record_turn(len(out), 1.0, rt.turn_version)
+    t.record_turn(len(out), 1.0, rt.last_version)  # (as on_env records it)
     assert [r.version for r in t.rows] == [3] and t.wasted == 0
     # a turn still generating is lost, and so is its version
     t.add_output([8], version=4)

@@ -59,8 +59,9 @@ class TrajRuntime:
     want_turn: bool = False  # request the next generation once the partial output arrived
     drop_partial: bool = False  # interrupted keeping progress: the turn in progress is lost
     turn_seq: int = 0
-    turn_version: int = -1
-    last_output: int = 0
+    turn_version: int = -1  # the turn in progress: the oldest version generating it
+    last_output: int = 0  # the finished turn waiting on its tool call: its tokens ...
+    last_version: int = -1  # ... and its version, recorded when the call returns
     last_stopped: bool = False
     env: Any = None
 
@@ -275,7 +276,7 @@ class Rollout:
         """The current turn's generation is complete: its text goes to the environment."""
         t, rt, ts = self.h.trajs[tid], self.rt[tid], self.h.st.trajs[tid]
         out, v = t.finish_turn(version)
-        rt.turn_version, rt.last_output, rt.last_stopped = v, len(out), stopped
+        rt.turn_version, rt.last_output, rt.last_version, rt.last_stopped = -1, len(out), v, stopped
         rt.in_env = True
         self.h.env_call(tid, rt.epoch, "step", self.h.codec.decode(out))
         e = ts.engine
@@ -297,8 +298,7 @@ class Rollout:
         else:
             for failure in getattr(result, "tool_failures", ()):  # a failed tool call, not a failed run
                 self.h.rec.event(self.h.now(), "ToolFailure", trajectory=tid, detail=failure[:300])
-            t.record_turn(rt.last_output, result.seconds, rt.turn_version)
-            rt.turn_version = -1
+            t.record_turn(rt.last_output, result.seconds, rt.last_version)
             ts.turns_done, ts.tokens = t.turns_done, len(t.token_ids)
             ts.min_version = t.min_version
             ts.max_version = t.max_version
@@ -529,15 +529,12 @@ class Rollout:
 
 
 def _drop_partial(t: Any, rt: TrajRuntime) -> None:
-    """Throw away the turn in progress of ``t`` (its tokens count as wasted). A turn whose
-    tool call is running is finished, not in progress: it keeps its version, which the
-    tool call's return records (cleared, it was recorded as version -1 and the run's trace
-    was refused when written: an ``Interrupt(keep)`` during tool time, as ``partial`` sends)."""
+    """Throw away the turn in progress of ``t`` (its tokens count as wasted). A finished
+    turn waiting on its tool call is not in progress: its version is ``rt.last_version``."""
     t.wasted += len(t.partial)
     t.partial, t.partial_version = [], -1
     t.partial_logprobs, t.partial_versions = [], []
-    if not rt.in_env:
-        rt.turn_version = -1
+    rt.turn_version = -1
 
 
 def _ignore(_: Any) -> None:
