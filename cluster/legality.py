@@ -31,8 +31,22 @@ ACTIVE = frozenset({TrajStatus.QUEUED, TrajStatus.RUNNING})
 NO_ENGINE = "Dispatch with no rollout engine: reassign GPUs to ROLLOUT first"
 
 
-def check(view: ClusterView, cmd: Command) -> None:
-    """Raise PolicyError (one line naming the command and why) if ``cmd`` is illegal now."""
+def check(view: ClusterView, cmd: Command, *, defers: bool = False) -> None:
+    """Raise PolicyError (one line naming the command and why) if ``cmd`` is illegal now.
+
+    ``defers`` is the running policy's declaration (:class:`~rlsched.cluster.policy.Policy`):
+    a policy that does not defer promises to train step s's batch at version s -- in the
+    trainer's FIFO after step s's ``OptimizerStep`` is queued and before step s+1's -- so a
+    ``Train``/``TrainMicroBatch`` of a trajectory of another step is refused. The lower
+    bound's step chain (``sim/bound.py``) is proved on that promise; a policy that trains a
+    trajectory in a step other than its own (partial rollout) declares ``defers`` and is
+    held to its staleness bound only.
+
+    An ``OptimizerStep`` with nothing trained since the previous one is legal: a policy that
+    dropped a whole step (every trajectory cut, or filtered out) moves the version on to
+    reach the next step, which the live trainer counts without touching the weights and the
+    bound charges as an optimizer step with no reduction.
+    """
     match cmd:
         case Dispatch(trajectories=tids, engine=e):
             for tid in tids:
@@ -55,6 +69,11 @@ def check(view: ClusterView, cmd: Command) -> None:
                 st = _status(view, tid, cmd)
                 if not st.finished or view.in_micro_batch(tid):
                     raise PolicyError(f"training {tid!r} which is {st}, not finished")
+                if not defers and (step := view.trajectory(tid).step) != at_version:
+                    raise PolicyError(
+                        f"training {tid!r} of step {step} at version {at_version}: a policy that "
+                        f"does not defer (defers=False) trains step s's batch at version s only"
+                    )
                 oldest = view.min_version(tid)
                 if oldest >= 0 and at_version - oldest > bound:
                     raise PolicyError(
