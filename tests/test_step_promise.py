@@ -27,7 +27,7 @@ from rlsched.cluster.commands import (
     TrainMicroBatch,
 )
 from rlsched.cluster.config import RunConfig
-from rlsched.cluster.errors import PolicyError
+from rlsched.cluster.errors import InvariantViolation, PolicyError
 from rlsched.cluster.events import (
     RolesChanged,
     RunStarted,
@@ -199,3 +199,36 @@ def test_check_takes_the_promise_from_its_caller():
         check(st, Train(("b",)))
     check(st, Train(("b",)), defers=True)
     check(st, OptimizerStep())  # (empty: legal)
+
+
+def test_the_run_check_re_reads_the_promise_from_the_trained_versions():
+    # --check re-checks, on the result, the version each trajectory was trained at (what the
+    # bound reads): a record saying step 1's B was trained at version 0 is refused
+    from rlsched.sim.driver import SimDriver
+    from rlsched.sim.invariants import check_result
+
+    def script(event, view):
+        if isinstance(event, RunStarted):
+            return [Reassign((0,), Role.ROLLOUT), Reassign((1,), Role.TRAIN)]
+        if isinstance(event, RolesChanged) and event.gpus == (0,):
+            return [Dispatch(("A",), 0)]
+        if isinstance(event, TrajectoryFinished) and event.trajectory == "A":
+            return [Train(("A",))]
+        if isinstance(event, TrainStepFinished) and event.version == 1:
+            return [SyncWeights((0,))]
+        if isinstance(event, WeightsSynced) and event.version == 1:
+            return [Dispatch(("B",), 0)]
+        if isinstance(event, TrajectoryFinished) and event.trajectory == "B":
+            return [Train(("B",))]
+        return []
+
+    w = Workload.from_frame(trace(ROWS))
+    driver = SimDriver(w, [[("A", "A")], [("B", "B")]], FakeScript(script), RunConfig(gpus=2, tp=1, steps=2),
+                       COST)
+    result = driver.run()
+    check_result(result, driver)  # as run: kept
+    result.state.trajs["B"].trained_version = 0
+    with pytest.raises(InvariantViolation, match="B: of step 1, trained at version 0 by a policy that does not defer"):
+        check_result(result, driver)
+    driver.loop.defers = True  # (a deferring policy may)
+    check_result(result, driver)
