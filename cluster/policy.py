@@ -85,7 +85,8 @@ class Policy(Protocol):
     arguments of the same names); ``max_staleness`` is the staleness bound it promises
     (drivers reject a ``Train`` that would exceed it); ``defers`` is True when a trajectory
     of step s may be trained in a later step (partial rollout), which weakens the lower
-    bound the analysis can prove for it.
+    bound the analysis can prove for it. A policy that does not defer trains step s's batch
+    at version s only: drivers reject a ``Train``/``TrainMicroBatch`` off it.
     """
 
     name: ClassVar[str]

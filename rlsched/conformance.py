@@ -7,7 +7,8 @@ every way it breaks the contract:
 * it declares ``name``, ``params`` (each a :class:`~rlsched.cluster.policy.Param` whose
   default parses), ``max_staleness`` and ``defers``, and can be built from defaults;
 * every command it issues is legal (``legality.check``: no GPU in two roles, no
-  training of unfinished trajectories, staleness within its own bound, ...);
+  training of unfinished trajectories, staleness within its own bound, step s's batch
+  trained at version s unless it declares ``defers``, ...);
 * it finishes every step of every scenario (never stalls) and loses no trajectory;
 * the run's invariants hold (``--check``) and it never beats its own lower bound;
 * it is deterministic: the same seed gives the same commands, in the same order.

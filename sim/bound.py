@@ -25,8 +25,11 @@ of each proof follows):
     count only kept turns' tokens (wasted tokens only add). Before this the term charged
     ``N * step(max_num_seqs, 0) / max_num_seqs``: KV reads ignored.
   - training: every trained trajectory's FLOPs at ``train_mfu`` (the trajectory
-    processor's cheapest packing when it is on), plus one gradient reduction per step
-    (every micro-batch reduces; the cheapest reduction at any width the trainer can have).
+    processor's cheapest packing when it is on), plus one gradient reduction per version
+    that trained a trajectory (every micro-batch reduces and trains at one version; an
+    ``OptimizerStep`` with nothing trained is legal, so a deferring policy may train
+    several steps' batches in one micro-batch); the cheapest reduction at any width the
+    trainer can have.
 
 * **critical path of a trajectory**: alone on an engine (batch 1, context of each turn at
   its smallest, prefix cache always hit, tools never queued) it cannot finish its kept
@@ -55,9 +58,10 @@ of each proof follows):
   left off this release.
 
   A policy that does not defer (``defers`` False) promises to train step s's batch at
-  version s; the chain is computed step by step on that promise. The simulator does not
-  enforce it, so the caller passes each trajectory's ``trained_at`` version and a run
-  that broke it gets the whole-run bound below. A deferring policy (partial rollout)
+  version s; the chain is computed step by step on that promise. Both drivers enforce it
+  at the command (``legality.check``, in the one driver loop); a caller that passes
+  ``trained_at`` versions breaking it (a record made elsewhere) still gets the whole-run
+  bound below. A deferring policy (partial rollout)
   gets only the whole-run bound: the one-machine bound over all trajectories released
   from the first switch, and the trainer's total work (every micro-batch and every
   optimizer step, one at a time).
@@ -152,7 +156,8 @@ def bound_terms(
     ``train_flops``: its cheapest training FLOPs (default: its kept context as one
     sequence); ``cut``: run ids that did not end on their own; ``dropped``: run ids never
     trained; ``trained_at``: the version each trained run id was trained at (a
-    non-deferring policy that trained one off its step gets the whole-run bound)."""
+    non-deferring run that trained one off its step -- refused by ``legality.check`` --
+    gets the whole-run bound; the work term charges a reduction per version trained)."""
     tp, gpus = config.tp, config.gpus
     p = workload.prompt.astype(np.float64)
     o = workload.output.astype(np.float64)
@@ -192,6 +197,8 @@ def bound_terms(
     rollout_only = 0.0  # the longest rollout of a dropped trajectory
     out_tokens = kv_tokens = other_work = 0.0
     promise_kept = True
+    reduced_at: set[int] = set()  # versions that trained a job (each reduced at least once)
+    stepped = 0  # steps with a job
     for s, batch in enumerate(batches):
         jobs: list[tuple[float, float, float]] = []
         for rid, trace_id in batch:
@@ -222,11 +229,21 @@ def bound_terms(
             # turn may be prefilled on an engine with older weights and moved, KV and all,
             # before its first token -- staleness counts generated tokens)
             jobs.append((t_solo, fl / train_rate, t_solo - prefill[b]))
-            if trained_at is not None and trained_at.get(rid, s) != s:
-                promise_kept = False
+            if trained_at is not None and rid in trained_at:
+                reduced_at.add(trained_at[rid])
+                if trained_at[rid] != s:
+                    promise_kept = False
         step_jobs.append(jobs)
-        if jobs:
-            other_work += reduce * layout.min_gpus
+        stepped += bool(jobs)
+    # one gradient reduction per micro-batch: at least one per version that trained a job
+    # (a micro-batch trains at one version). Without ``trained_at``, a policy that does not
+    # defer trains each step's jobs at its own version (legality.check enforces it); one
+    # that defers may train every step's in one micro-batch after empty optimizer steps.
+    if trained_at is not None:
+        reductions = len(reduced_at)
+    else:
+        reductions = stepped if not defers else min(stepped, 1)
+    other_work += reductions * reduce * layout.min_gpus
     decode = tp * decode_engine_seconds(cost, tp, out_tokens, kv_tokens)
     work_bound = start + (other_work + decode) / gpus
     steps = len(step_jobs)

@@ -58,6 +58,8 @@ class SimResult:
     wall_seconds: float
     trajs: dict[str, SimTraj]
     steps: list[dict] = field(default_factory=list)
+    # GPU-seconds per GPU state (a GpuState value; states never entered left out), summed as
+    # the intervals are written, so no record is needed (rlsched plan's utilization reads it)
     gpu_seconds: dict[str, float] = field(default_factory=dict)
     faults: dict[str, float] = field(default_factory=dict)  # see sim.faults.STAT_KEYS
 

@@ -7,7 +7,11 @@
 * token conservation: every generated token is either kept in its trajectory or counted
   as wasted;
 * monotone time (enforced by ``ClusterState.advance``) and staleness within the policy's
-  bound (enforced by ``legality.check`` and re-checked here on the result).
+  bound (enforced by ``legality.check`` and re-checked here on the result);
+* a policy that does not defer trained step s's batch at version s (enforced by
+  ``legality.check`` at the command, from the trainer queue's count of optimizer steps
+  ahead; re-checked here on the version each trajectory was trained at, faults and
+  re-queued steps included).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ def check_result(result: SimResult, driver: SimDriver) -> None:
             f"({result.state.trajs[lost[0]].status})"
         )
     bound = driver.state.max_staleness
+    promised = not driver.loop.defers
     for tid, ts in result.state.trajs.items():
         t = result.trajs[tid]
         kept = 0 if ts.status is TrajStatus.DROPPED else t.output_kept
@@ -71,4 +76,8 @@ def check_result(result: SimResult, driver: SimDriver) -> None:
             raise InvariantViolation(
                 f"{tid}: trained at version {ts.trained_version} from version {ts.min_version}, "
                 f"over the staleness bound {bound}"
+            )
+        if promised and ts.status is TrajStatus.TRAINED and ts.trained_version != ts.step:
+            raise InvariantViolation(
+                f"{tid}: of step {ts.step}, trained at version {ts.trained_version} by a policy that does not defer"
             )

@@ -32,10 +32,12 @@ from rlsched.cluster.commands import (
     Drop,
     Interrupt,
     Move,
+    OptimizerStep,
     Reassign,
     SetTimer,
     SyncWeights,
     Train,
+    TrainMicroBatch,
 )
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import PolicyError, RlschedError
@@ -162,7 +164,7 @@ class RandomLegal:
         cmds: list[Command] = []
         for _, cmd in sorted((o for o in options if o[0] > 0), key=lambda wc: -wc[0] * r.random()):
             try:
-                legality_check(view, cmd)
+                legality_check(view, cmd, defers=self.defers)
             except PolicyError:
                 continue
             cmds.append(cmd)
@@ -240,6 +242,39 @@ class RandomLegal:
         return out
 
 
+class RandomDeferring(RandomLegal):
+    """A random legal *deferring* policy (a test fake): as :class:`RandomLegal`, but it
+    declares ``defers`` and trains any finished trajectories, of any step, in random
+    micro-batches whenever its staleness bound allows (dropping those grown too stale),
+    and issues optimizer steps at random -- empty ones included -- except the run's last,
+    which waits until every trajectory is trained or dropped (so the bound charges no
+    training that never ran)."""
+
+    name = "random-deferring"
+    defers = True
+
+    def _options(self, view) -> list[tuple[float, Command]]:
+        tr = view.trainer()
+        self.sent = bool(tr.busy or tr.queued_micro_batches or tr.queued_optimizer_steps or tr.accumulated)
+        out = [(w, c) for w, c in super()._options(view) if not isinstance(c, Train)]
+        r = self.rng
+        at = tr.version + tr.queued_optimizer_steps
+        ready = [t for t in view.finished() if view.status(t) in _TRAINABLE and not view.in_micro_batch(t)]
+        fresh = [t for t in ready if view.min_version(t) < 0 or at - view.min_version(t) <= self.staleness]
+        stale = tuple(t for t in ready if t not in fresh)
+        if fresh:
+            out.append((5.0, TrainMicroBatch(tuple(r.sample(fresh, r.randint(1, len(fresh)))))))
+        if stale:
+            out.append((8.0, Drop(stale)))
+        if at < view.num_steps - 1:
+            out.append((1.0, OptimizerStep()))
+        elif at == view.num_steps - 1 and all(
+                view.status(t) in (TrajStatus.TRAINED, TrajStatus.DROPPED) or view.in_micro_batch(t)
+                for s in range(view.num_steps) for t in view.batch(s)):
+            out.append((8.0, OptimizerStep()))
+        return out
+
+
 @st.composite
 def small_runs(draw):
     n_traj = draw(st.integers(1, 6))
@@ -262,6 +297,21 @@ def test_no_random_legal_schedule_beats_the_bound(w, seed, cost):
     config = RunConfig(gpus=gpus, tp=1, steps=len(steps), check=True)
     out = simulate(Workload.from_frame(df), batches, RandomLegal(seed, k), config, COSTS[cost],
                    spec="random-legal")
+    assert out.result.complete and out.result.state.version == len(steps)
+    assert out.result.makespan >= out.lower_bound_seconds * (1 - 1e-9), (
+        f"beat the bound: {out.result.makespan} < {out.lower_bound_seconds}")
+
+
+@settings(max_examples=60 * HUNT, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(w=small_runs(), seed=st.integers(0, 2**31 - 1), cost=st.sampled_from(sorted(COSTS)))
+def test_no_random_deferring_schedule_beats_the_bound(w, seed, cost):
+    # (deferring schedules get the whole-run bound; with empty optimizer steps legal, one
+    # micro-batch may train several steps' trajectories: one reduction per version trained)
+    df, steps, gpus, k = w
+    batches = [[(t, t) for t in s] for s in steps]
+    config = RunConfig(gpus=gpus, tp=1, steps=len(steps), check=True)
+    out = simulate(Workload.from_frame(df), batches, RandomDeferring(seed, k), config, COSTS[cost],
+                   spec="random-deferring")
     assert out.result.complete and out.result.state.version == len(steps)
     assert out.result.makespan >= out.lower_bound_seconds * (1 - 1e-9), (
         f"beat the bound: {out.result.makespan} < {out.lower_bound_seconds}")

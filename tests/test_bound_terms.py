@@ -21,11 +21,9 @@ from rlsched.cluster.commands import (
     Drop,
     Interrupt,
     Move,
-    OptimizerStep,
     Reassign,
     SyncWeights,
     Train,
-    TrainMicroBatch,
 )
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import PolicyError
@@ -267,31 +265,5 @@ def test_a_turn_moved_mid_way_keeps_its_oldest_weights():
         _sim(rows, [["A"], ["B"]], Script(script), 3, cost)
 
 
-def test_a_run_that_trains_off_its_step_gets_the_whole_run_bound():
-    # A non-deferring policy promises to train step s's batch at version s; the simulator
-    # does not enforce it. This one (on-policy) rolls A (step 0) and B (step 1) out at once
-    # and trains both at version 0 (legal: both are version 0's), then runs an empty
-    # optimizer step. The step chain, which starts B's rollout after version 1, lies above
-    # the schedule; the bound falls back to the whole-run one for a run that broke the
-    # promise.
-    cost = replace(HAND_COST, optimizer_step_s=1.5, sync_latency_s=0.5)
-    rows = [("t", "A", 0, 10, 6, 0.0), ("t", "B", 0, 10, 4, 0.0)]
-
-    def script(event, view):
-        if isinstance(event, RunStarted):
-            return [Reassign((0,), Role.ROLLOUT), Reassign((1,), Role.ROLLOUT), Reassign((2,), Role.TRAIN)]
-        if isinstance(event, RolesChanged) and event.gpus in ((0,), (1,)):
-            return [Dispatch(("A",) if event.gpus == (0,) else ("B",), event.gpus[0])]
-        if isinstance(event, TrajectoryFinished) and event.trajectory == "B":
-            return [TrainMicroBatch(("B",))]
-        if isinstance(event, TrajectoryFinished) and event.trajectory == "A":
-            return [Train(("A",)), OptimizerStep()]
-        return []
-
-    w, b, out = _sim(rows, [["A"], ["B"]], Script(script), 3, cost)
-    t = out.result.makespan
-    assert out.result.state.trajs["B"].trained_version == 0
-    assert out.lower_bound_seconds <= t
-    promised = bound_terms(w, b, cost, RunConfig(gpus=3, tp=1, steps=2), 0, False,
-                           turns_kept={"A": 1, "B": 1})  # (no trained_at: the promise taken)
-    assert max(promised.values()) > t + 4.0
+# (a run that trains off its step: refused at the command since the promise is enforced;
+# tests/test_step_promise.py has the schedule, declared deferring, and the bound's fallback)

@@ -166,3 +166,29 @@ def test_run_meta_writes_the_record_format_keys_in_order() -> None:
         "events_processed", "note"]
     with_faults = RunMeta(**{**meta.__dict__, "faults": {"gpu": 1}, "fault_schedule": {}}).to_dict()
     assert list(with_faults)[-3:] == ["faults", "fault_schedule", "note"]
+
+
+def test_the_loop_refuses_a_train_off_its_step_unless_the_policy_defers() -> None:
+    # (the step promise, checked in the loop both drivers share: before the command is
+    # recorded or applied)
+    def two_steps() -> ClusterState:
+        st = ClusterState(2, 1, [[("a", "t")], [("b", "t")]], 1)
+        st.mark_finished("b", TrajStatus.DONE)
+        st.trajs["b"].min_version = 0
+        return st
+
+    st, rows, backend = two_steps(), Rows(), FakeBackend()
+    loop = DriverLoop(st, ScriptedPolicy([Train(("b",))]), backend, rows)
+    loop.emit(RunStarted())
+    with pytest.raises(PolicyError, match=r"^training 'b' of step 1 at version 0: a policy that does not defer"):
+        loop.pump()
+    assert backend.started == [] and not any(kind == "Train" for _, kind, _ in rows.rows)
+
+    class Deferring(ScriptedPolicy):
+        defers = True
+
+    st, backend = two_steps(), FakeBackend()
+    loop = DriverLoop(st, Deferring([Train(("b",))]), backend, Rows())
+    loop.emit(RunStarted())
+    loop.pump()
+    assert backend.started == [MicroBatchJob(("b",))]

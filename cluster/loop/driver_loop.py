@@ -2,7 +2,8 @@
 
 Events wait in one FIFO (:meth:`DriverLoop.emit`). :meth:`DriverLoop.pump` hands them to
 the policy one at a time, in order; each command the policy answers is checked
-(``legality.check``), recorded (:mod:`.recording`) and applied before the next event:
+(``legality.check``, with the policy's ``defers``: a policy that does not defer trains step
+s's batch at version s), recorded (:mod:`.recording`) and applied before the next event:
 trainer commands go to the :class:`~.trainer_queue.TrainerQueue`, everything else to the
 :class:`~.backend.Backend`, except the state change ``Drop`` itself defines (marking the
 trajectories dropped), which is made here after the backend's clean-up.
@@ -73,10 +74,14 @@ class DriverLoop:
         self.step_recorded = step_recorded
         self.pumped = 0  # events delivered to the policy
         self._pumping = False
+        # the policy's declaration, read once per run: without it, a Train of a trajectory
+        # outside the trainer's current step is refused (see legality.check)
+        self.defers = bool(policy.defers)
 
     def reset_policy(self, rng: Random) -> None:
         """Start the policy on this run's view (before the first event)."""
         self.policy.reset(self.view, rng)
+        self.defers = bool(self.policy.defers)
 
     def pump(self) -> None:
         """Deliver every waiting event (and those its commands cause) to the policy."""
@@ -88,7 +93,7 @@ class DriverLoop:
             now = self.backend.now
             st.advance(now())
             policy, apply, rec, view = self.policy, self.apply, self.rec, self.view
-            before, step_recorded = self.before_event, self.step_recorded
+            before, step_recorded, defers = self.before_event, self.step_recorded, self.defers
             events = self.events
             while events:
                 ev = events.popleft()
@@ -100,7 +105,7 @@ class DriverLoop:
                 if step_recorded is not None and type(ev) is TrainStepFinished:
                     step_recorded()
                 for cmd in policy.on_event(ev, view):
-                    check(st, cmd)
+                    check(st, cmd, defers=defers)
                     if rec is not None:
                         record_command(rec, now(), cmd, st)
                     apply(cmd)

@@ -67,7 +67,7 @@ class ScriptedElasticStep:
     name: ClassVar[str] = "scripted-elastic-step"
     params: ClassVar[tuple[Param, ...]] = ()
     max_staleness = 1
-    defers = False
+    defers = True  # (it cuts a trajectory from step 0 and trains it in step 1)
 
     def reset(self, view: ClusterView | None, rng: random.Random) -> None:
         self.tries = 0
