@@ -148,6 +148,11 @@ class ElasticConfig:
                           "first, moves (Move, once) to the engine with the fewest live trajectories if it "
                           "would share that one with fewer than its own (decode slows with every sequence and "
                           "KV token an engine holds); false: the tail stays where it runs")
+    hold: bool = param("bool", True, "with staleness >= 1: once a step's training, measured, "
+                       "takes no longer on half the GPUs than a role switch there and back (no move "
+                       "between the roles can repay its switches), hold a fixed split of half the engines "
+                       "in each role, as async does, until a later step measures otherwise or the run's "
+                       "last rollout is over; false: GPUs move whatever the measured cost")
 
 
 @register
@@ -197,6 +202,8 @@ class Elastic(Configured):
         self._stolen: set[str] = set()  # trajectories an idle engine took (moved once only)
         self._stolen_to: dict[int, str] = {}  # engine -> the trajectory it took last
         self._cut_from: dict[int, frozenset[str]] = {}  # step -> its trajectories trained with step+1
+        self._step_tokens = 0  # tokens sent to micro-batches of the trainer's step
+        self._hold = 0  # GPUs of the trainer's side of a held fixed split (0: none held)
 
     # ------------------------------------------------------------------ events
     def on_event(self, event: Event, view: ClusterView) -> Sequence[Command]:
@@ -218,6 +225,9 @@ class Elastic(Configured):
                     self._meter.batch_done(info.step, view.now)
             case TrainStepFinished(version=v):
                 self._train_step, self._in_micro, self._opt_sent = v, 0, False
+                self._meter.step_trained(self._step_tokens)
+                self._step_tokens = 0
+                self._hold = self._hold_gpus(view)
                 if v >= view.num_steps:
                     return []
                 if view.engines():
@@ -235,9 +245,12 @@ class Elastic(Configured):
         tr = view.trainer()  # (the view does not change while the policy decides)
         self._release_batches(view)
         self._requeue_interrupted(view)
+        grow = self._grow_to_hold(view, tr)
+        cmds += grow
         placed = self._queue.place(view, self._cap, self._min_version,
                                    self._predictor.remaining if self.config.order == "longest" else None,
-                                   hold=self._coming(view) // view.tp)
+                                   hold=self._coming(view) // view.tp,
+                                   skip=frozenset(view.engine_of(c.gpus[0]) for c in grow))
         cmds += placed
         cmds += self._reclaim(view, tr)
         cmds += self._cut_tail(view, tr)
@@ -314,6 +327,49 @@ class Elastic(Configured):
                 return 0  # no room for both: the trainer forms when the rollout frees it
         return gpus
 
+    def _hold_gpus(self, view: ClusterView) -> int:
+        """``hold``: GPUs of the trainer's side of a fixed split to hold, or 0 to go on moving
+        GPUs. Moving GPUs to the trainer and back costs two role switches, and the most it
+        can save is part of a step's training; so once a step's training (its tokens at the
+        measured GPU-seconds per token) takes, on half the GPUs, no longer than those two
+        switches (measured), no move can repay itself. Elastic is then a fixed split, and of
+        the fixed splits it holds the middle one, half the engines (at least the trainer's
+        memory floor): async's makespan over its ``rollout_fraction`` is flat in the middle
+        and steep at the ends (a small long-tailed case, seed 1: 348.9 s at 0.25, 353.7 s at
+        0.5, 397.1 s at 0.75; seed 16: 410.2 / 405.1 / 435.7 s), and this regime is the one
+        whose rollout is the tail's latency rather than its GPUs. Measured after each
+        optimizer step from this run's events only (the workload drifts: a heavier step lifts
+        the hold)."""
+        if not self.config.hold or not self._ahead or view.num_steps < 2:
+            return 0
+        m = self._meter
+        work = m.step_train_gpu_s()
+        engines = view.num_gpus // view.tp
+        if work is None or m.switch_s is None or engines < 2:
+            return 0
+        half = engines // 2 * view.tp
+        floor = view.trainer().min_gpus
+        if half < floor:
+            half = math.ceil(floor / view.tp) * view.tp
+            if half > view.num_gpus - view.tp:
+                return 0  # no room for both sides: nothing to hold
+        return half if work / half <= 2.0 * m.switch_s else 0
+
+    def _grow_to_hold(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
+        """A held split whose trainer is short of its side by whole engines takes them from
+        rollout, the least loaded first (their live trajectories migrate with ``drain``),
+        keeping at least ``min_engines`` rolling out."""
+        if not self._hold or not tr.gpus:
+            return []
+        have = sum(1 for g in tr.gpus if g not in self._to_rollout) + sum(len(k) for k in self._to_train)
+        ids = view.engines()
+        n = min((self._hold - have) // view.tp, len(ids) - self.config.min_engines)
+        if n <= 0:
+            return []
+        victims = sorted(view.engine_loads(), key=lambda el: (el[1], -el[0]))[:n]
+        gpus = tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
+        return self._send(view, gpus, Role.TRAIN, Drain(self.config.drain))
+
     def _coming(self, view: ClusterView) -> int:
         """GPUs on their way to rollout (switching, or in the trainer until its micro-batch
         ends). One a failure took out of its switch never reports: it is forgotten here."""
@@ -335,7 +391,7 @@ class Elastic(Configured):
             self._queue.add(self._released, batch)
             self._meter.batch_released(self._released, view.now)
             in_flight = min(self._ahead + 1, view.num_steps)
-            engines = view.num_gpus // view.tp - self._reserve(view) // view.tp
+            engines = view.num_gpus // view.tp - (self._hold or self._reserve(view)) // view.tp
             self._cap = per_engine_cap(len(batch) * in_flight, engines, self.config.pack)
             self._even = per_engine_cap(len(batch) * in_flight, engines, 1.0)
             self._released += 1
@@ -370,6 +426,8 @@ class Elastic(Configured):
         if want <= 0:
             return []
         keep = self._trainer_keep(view) if self.config.staleness else 0
+        if self._hold:
+            keep = self._hold  # a held split: the trainer keeps its side
         if not view.engines() and not coming:
             keep = 0  # no engine rolls out: the queue would wait forever
         # (GPUs already sent away stay in TRAIN until their micro-batch ends: not twice)
@@ -469,6 +527,7 @@ class Elastic(Configured):
             ready = ready[:1] if self._to_train else ready[:self.config.micro * len(tr.gpus)]
             self._in_micro += len(ready)
             tokens = sum(view.trajectory(t).tokens for t in ready)
+            self._step_tokens += tokens
             self._meter.micro_batch_sent(len(tr.gpus), tokens, view.now)
             return [TrainMicroBatch(ready)]
         if self._open(view, s) == 0 and self._in_micro == self._size(view, s):
@@ -654,6 +713,8 @@ class Elastic(Configured):
             floor = 0
         elif stuck:
             floor = min(floor, totals.engines - 1)
+        if self._hold and not (over and self._released >= view.num_steps):
+            return []  # a held split: the trainer grows to its side only (_grow_to_hold)
         if totals.engines <= floor:
             return []
         if not (self._backlog(view) or (self._in_micro and over)):

@@ -20,6 +20,7 @@ class Meter:
         self.switch_s: float | None = None
         self._mb: tuple[float, int, int] | None = None  # (started, GPUs, tokens)
         self.train_gpu_s_per_token: float | None = None
+        self.step_tokens: int | None = None  # tokens the last optimizer step trained
         self._released: dict[int, float] = {}
         self.rollout_s: float | None = None
 
@@ -45,6 +46,18 @@ class Meter:
         self._mb = None
         if tokens > 0 and now > started:
             self.train_gpu_s_per_token = (now - started) * gpus / tokens
+
+    def step_trained(self, tokens: int) -> None:
+        """An optimizer step ended; its step trained ``tokens`` tokens."""
+        if tokens > 0:
+            self.step_tokens = tokens
+
+    def step_train_gpu_s(self) -> float | None:
+        """GPU-seconds the last step's training took at the measured rate (``None`` until
+        a micro-batch was timed and a step was trained)."""
+        if self.step_tokens is None or self.train_gpu_s_per_token is None:
+            return None
+        return self.step_tokens * self.train_gpu_s_per_token
 
     # ----------------------------------------------------------------- rollout
     def batch_released(self, step: int, now: float) -> None:
