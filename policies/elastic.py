@@ -250,7 +250,7 @@ class Elastic(Configured):
         placed = self._queue.place(view, self._cap, self._min_version,
                                    self._predictor.remaining if self.config.order == "longest" else None,
                                    hold=self._coming(view) // view.tp,
-                                   skip=frozenset(view.engine_of(c.gpus[0]) for c in grow))
+                                   skip=frozenset(view.engine_of(g) for c in grow for g in c.gpus))
         cmds += placed
         cmds += self._reclaim(view, tr)
         cmds += self._cut_tail(view, tr)
@@ -435,7 +435,7 @@ class Elastic(Configured):
         spare = (len(free) - keep) // tp
         if spare <= 0:
             return []
-        n = min(spare, want)
+        n = spare if self._hold else min(spare, want)  # (a held split: back to its sides)
         left = len(free) - n * tp
         take = free[len(free) - n * tp:]
         if 0 < left < tr.min_gpus:  # never shrink the trainer below its floor (refused)

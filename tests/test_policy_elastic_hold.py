@@ -1,0 +1,103 @@
+"""``elastic:hold`` without a driver: once a step's measured training is too short for any
+move between the roles to repay its switches, elastic holds a fixed half split (events
+in, commands out, on a real ClusterState)."""
+
+from test_policy_elastic import _finish, _rolling_out
+
+from rlsched.cluster.commands import Dispatch, Reassign
+from rlsched.cluster.events import TrainStepFinished
+from rlsched.cluster.ids import Role
+from rlsched.policies.meter import Meter
+
+
+def test_the_meter_knows_a_steps_training_work_only_once_both_rate_and_step_were_seen():
+    m = Meter()
+    assert m.step_train_gpu_s() is None
+    m.step_trained(4000)
+    assert m.step_train_gpu_s() is None  # no micro-batch timed yet
+    m.micro_batch_sent(gpus=2, tokens=1000, now=10.0)
+    m.micro_batch_done(now=11.0)  # 2 GPU-s for 1000 tokens
+    assert m.step_train_gpu_s() == 4000 * 0.002
+    m.step_trained(0)  # (an empty step measures nothing: the last one stands)
+    assert m.step_train_gpu_s() == 4000 * 0.002
+
+
+def _step_one_trained(spec: str, step_tokens: int) -> tuple[list, object, object]:
+    """Staleness 1, 8 engines of 1 GPU, the trainer on 2 of them (train_share 0.25), batches
+    0 and 1 rolling out on the other 6. Batch 0 finished and was trained (``step_tokens``
+    tokens, measured at 0.001 GPU-s per token; a role switch measured 8 s): the commands
+    at its optimizer step's end, which releases batch 2."""
+    st, pol = _rolling_out(8, 1, 8, spec, steps=3)
+    assert st.gpus_in(Role.TRAIN) == (6, 7)
+    for t in st.batch(0):
+        _finish(st, t)
+    pol._train_step, pol._in_micro, pol._opt_sent = 0, 8, True
+    pol._step_tokens = step_tokens
+    pol._meter.train_gpu_s_per_token, pol._meter.switch_s = 0.001, 8.0
+    for tid in st.batch(0):
+        st.trajs[tid].in_micro_batch = True
+    st.mark_trained(st.batch(0), 0)
+    st.version = 1
+    for es in st.engines_.values():  # (weights loaded with the step: batch 2 may be placed)
+        es.version = 1
+    return list(pol.on_event(TrainStepFinished(1), st)), st, pol
+
+
+def test_a_step_too_light_to_repay_a_switch_holds_half_the_gpus_in_the_trainer():
+    # 4000 tokens x 0.001 = 4 GPU-s: 1 s on half the GPUs (4), under two 8 s switches. The
+    # trainer (2 GPUs) grows to 4 with the two least loaded engines (of equal loads the
+    # highest ids), and batch 2 is placed on the four that stay, none on those leaving
+    cmds, st, pol = _step_one_trained("elastic:staleness=1", 4000)
+    assert pol._hold == 4
+    (grow,) = [c for c in cmds if isinstance(c, Reassign)]
+    assert grow.role is Role.TRAIN and len(grow.gpus) == 2
+    leaving = {st.engine_of(g) for g in grow.gpus}
+    placed = [c for c in cmds if isinstance(c, Dispatch)]
+    assert sum(len(c.trajectories) for c in placed) == 8
+    assert leaving.isdisjoint(c.engine for c in placed)
+    loads = dict(st.engine_loads())  # (batch 1's, before batch 2 lands)
+    assert all(loads[c.engine] + len(c.trajectories) <= 4 for c in placed)  # cap: 16 over 4
+
+
+def test_a_step_heavy_enough_to_repay_a_switch_holds_nothing():
+    # 100000 tokens: 100 GPU-s, 25 s on 4 GPUs, more than two switches: GPUs move as before
+    # (the trainer's GPUs stay, nothing goes to training while batch 2 is placed)
+    cmds, _, pol = _step_one_trained("elastic:staleness=1", 100_000)
+    assert pol._hold == 0
+    assert not [c for c in cmds if isinstance(c, Reassign) and c.role is Role.TRAIN]
+
+
+def test_hold_false_and_staleness_0_never_hold():
+    cmds, _, pol = _step_one_trained("elastic:staleness=1,hold=false", 4000)
+    assert pol._hold == 0
+    assert not [c for c in cmds if isinstance(c, Reassign) and c.role is Role.TRAIN]
+    st, on_policy = _rolling_out(8, 1, 8, "elastic", steps=2)  # k=0: all train at a step's end
+    on_policy._meter.step_trained(4000)
+    on_policy._meter.train_gpu_s_per_token, on_policy._meter.switch_s = 0.001, 8.0
+    assert on_policy._hold_gpus(st) == 0
+
+
+def test_a_held_trainer_gives_back_what_is_above_its_side():
+    # Held at 4 GPUs, the trainer has 7 when batch 2 is released with one engine up (engine
+    # 0 takes 4 of it, the cap over the held rollout side): the trainer gives back the 3
+    # above its side, not only the one engine the 4 still queued ask for
+    st, pol = _rolling_out(8, 1, 8, "elastic:staleness=1", steps=3)
+    for t in [*st.batch(0), *st.batch(1)]:
+        _finish(st, t)
+    for e in [e for e in st.engines_ if e != 0]:
+        st.remove_engine(e)
+        st.roles[e] = Role.TRAIN
+    pol._switching = 0
+    pol._train_step, pol._in_micro, pol._opt_sent = 0, 8, True
+    pol._step_tokens = 4000
+    pol._meter.train_gpu_s_per_token, pol._meter.switch_s, pol._meter.rollout_s = 0.001, 8.0, 50.0
+    for tid in st.batch(0):
+        st.trajs[tid].in_micro_batch = True
+    st.mark_trained(st.batch(0), 0)
+    st.version = 1
+    st.engines_[0].version = 1
+    cmds = pol.on_event(TrainStepFinished(1), st)
+    assert pol._hold == 4
+    assert sum(len(c.trajectories) for c in cmds if isinstance(c, Dispatch)) == 4
+    back = [c for c in cmds if isinstance(c, Reassign)]
+    assert [c.role for c in back] == [Role.ROLLOUT] and len(back[0].gpus) == 3
