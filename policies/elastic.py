@@ -153,6 +153,10 @@ class ElasticConfig:
                        "between the roles can repay its switches), hold a fixed split of half the engines "
                        "in each role, as async does, until a later step measures otherwise or the run's "
                        "last rollout is over; false: GPUs move whatever the measured cost")
+    join: bool = param("bool", True, "a trajectory ready to train waits for GPUs on their way to "
+                       "the trainer when, at the measured training rate and switch time, it would finish "
+                       "sooner on the larger trainer after they arrive (a micro-batch runs on the GPUs the "
+                       "trainer has when it starts); false: it starts at once")
 
 
 @register
@@ -255,13 +259,17 @@ class Elastic(Configured):
         cmds += self._reclaim(view, tr)
         cmds += self._cut_tail(view, tr)
         leaving = {g for c in cmds if isinstance(c, Reassign) and c.role is not Role.TRAIN for g in c.gpus}
+        trained: list[Command] = []
         if not leaving or leaving.isdisjoint(tr.gpus):
             # (a micro-batch queued while the trainer's GPUs are being handed back would
             # start on whatever GPUs it gets later: wait until it has them)
-            cmds += self._train(view, tr)
+            trained = self._train(view, tr)
         if not placed and not self._queue:  # let new work settle before releasing engines
             released = self._consolidate(view, tr)
-            cmds += released or self._steal_tail(view)
+            trained = self._withhold(view, tr, trained, released)
+            cmds += trained + (released or self._steal_tail(view))
+        else:
+            cmds += trained
         if self.config.isolate and isinstance(event, TrajectoryFinished | RolesChanged):
             cmds += self._isolate_tail(view, cmds)
         return cmds
@@ -525,8 +533,10 @@ class Elastic(Configured):
             # While more GPUs are on their way to the trainer, one trajectory at a time, so
             # they join within a fraction of one trajectory's training.
             ready = ready[:1] if self._to_train else ready[:self.config.micro * len(tr.gpus)]
-            self._in_micro += len(ready)
             tokens = sum(view.trajectory(t).tokens for t in ready)
+            if self._to_train and self._sooner_joined(view, len(tr.gpus), tokens):
+                return []  # (the GPUs' RolesChanged starts it on the larger trainer)
+            self._in_micro += len(ready)
             self._step_tokens += tokens
             self._meter.micro_batch_sent(len(tr.gpus), tokens, view.now)
             return [TrainMicroBatch(ready)]
@@ -534,6 +544,41 @@ class Elastic(Configured):
             self._opt_sent = True
             return [OptimizerStep()]
         return []
+
+    def _withhold(self, view: ClusterView, tr: TrainerInfo, trained: list[Command],
+                  released: list[Command]) -> list[Command]:
+        """``join`` for engines released to the trainer in the same decision as a micro-batch
+        (the step's last trajectory finishing empties an engine): the micro-batch is taken
+        back, to start when they arrive, if it would finish sooner on them."""
+        if not any(isinstance(c, Reassign) and c.role is Role.TRAIN for c in released):
+            return trained
+        mbs = [c for c in trained if isinstance(c, TrainMicroBatch)]
+        if len(mbs) != 1:
+            return trained
+        tokens = sum(view.trajectory(t).tokens for t in mbs[0].trajectories)
+        if not self._sooner_joined(view, len(tr.gpus), tokens):
+            return trained
+        self._in_micro -= len(mbs[0].trajectories)
+        self._step_tokens -= tokens
+        self._meter.micro_batch_withdrawn()
+        return [c for c in trained if c is not mbs[0]]
+
+    def _sooner_joined(self, view: ClusterView, gpus: int, tokens: int) -> bool:
+        """``join``: would a micro-batch of ``tokens`` finish sooner if it waited for the GPUs on
+        their way to the trainer (each group due a measured switch after it was sent) than
+        started now on the trainer's ``gpus``? (Unmeasured rate or switch: no.)"""
+        m = self._meter
+        rate, sw = m.train_gpu_s_per_token, m.switch_s
+        if not self.config.join or rate is None or sw is None or gpus <= 0:
+            return False
+        work = tokens * rate
+        now_end = view.now + work / gpus
+        joined = gpus
+        for sent, n in sorted((t, len(k)) for k, t in self._to_train.items()):
+            joined += n
+            if max(view.now, sent + sw) + work / joined < now_end:
+                return True
+        return False
 
     def _ready(self, view: ClusterView, s: int) -> tuple[str, ...]:
         """Finished trajectories the trainer's step ``s`` trains and has not been sent: the

@@ -39,6 +39,10 @@ class Meter:
         """A micro-batch starts now (sent to an idle trainer) on ``gpus`` GPUs."""
         self._mb = (now, gpus, tokens)
 
+    def micro_batch_withdrawn(self) -> None:
+        """The micro-batch just announced was not sent after all."""
+        self._mb = None
+
     def micro_batch_done(self, now: float) -> None:
         if self._mb is None:
             return

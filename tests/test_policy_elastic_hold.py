@@ -1,12 +1,13 @@
-"""``elastic:hold`` without a driver: once a step's measured training is too short for any
-move between the roles to repay its switches, elastic holds a fixed half split (events
-in, commands out, on a real ClusterState)."""
+"""``elastic:hold`` and ``elastic:join`` without a driver (events in, commands out, on a
+real ClusterState): once a step's measured training is too short for any move between the
+roles to repay its switches, elastic holds a fixed half split; a trajectory ready to train
+waits for GPUs on their way to the trainer when it would finish sooner on them."""
 
 from test_policy_elastic import _finish, _rolling_out
 
-from rlsched.cluster.commands import Dispatch, Reassign
-from rlsched.cluster.events import TrainStepFinished
-from rlsched.cluster.ids import Role
+from rlsched.cluster.commands import Dispatch, Reassign, TrainMicroBatch
+from rlsched.cluster.events import TrainStepFinished, TrajectoryFinished
+from rlsched.cluster.ids import Role, TrajStatus
 from rlsched.policies.meter import Meter
 
 
@@ -101,3 +102,29 @@ def test_a_held_trainer_gives_back_what_is_above_its_side():
     assert sum(len(c.trajectories) for c in cmds if isinstance(c, Dispatch)) == 4
     back = [c for c in cmds if isinstance(c, Reassign)]
     assert [c.role for c in back] == [Role.ROLLOUT] and len(back[0].gpus) == 3
+
+
+def _ready_while_gpus_join(spec: str, tokens: int) -> list:
+    """Staleness 1, the trainer on GPUs 6-7 (train_share 0.25) and GPUs 0-1 on their way
+    to it (sent at t=100, a switch measured 8 s, training 0.001 GPU-s per token); at t=101
+    T0 finishes with ``tokens`` tokens: the commands."""
+    st, pol = _rolling_out(8, 1, 8, spec, steps=3)
+    pol._meter.train_gpu_s_per_token, pol._meter.switch_s = 0.001, 8.0
+    pol._to_train[(0, 1)] = 100.0
+    st.advance(101.0)
+    st.trajs["T0"].tokens = tokens
+    _finish(st, "T0")
+    return list(pol.on_event(TrajectoryFinished("T0", TrajStatus.DONE, 0), st))
+
+
+def test_a_long_trajectory_waits_for_gpus_on_their_way_to_the_trainer():
+    # 100k tokens: 50 s on the 2 GPUs now; at t=108 on 4: 7 + 25 s -- it waits (join)
+    assert not [c for c in _ready_while_gpus_join("elastic:staleness=1", 100_000)
+                if isinstance(c, TrainMicroBatch)]
+    # 1000 tokens: 0.5 s now, before the GPUs arrive: it starts at once
+    (mb,) = [c for c in _ready_while_gpus_join("elastic:staleness=1", 1000) if isinstance(c, TrainMicroBatch)]
+    assert mb.trajectories == ("T0",)
+    # join=false: it starts at once whatever its length
+    (mb,) = [c for c in _ready_while_gpus_join("elastic:staleness=1,join=false", 100_000)
+             if isinstance(c, TrainMicroBatch)]
+    assert mb.trajectories == ("T0",)
