@@ -3,7 +3,7 @@ real ClusterState): once a step's measured training is too short for any move be
 roles to repay its switches, elastic holds a fixed half split; a trajectory ready to train
 waits for GPUs on their way to the trainer when it would finish sooner on them."""
 
-from test_policy_elastic import _finish, _rolling_out
+from test_policy_elastic import _finish, _rolling_out, _to_train
 
 from rlsched.cluster.commands import Dispatch, Reassign, TrainMicroBatch
 from rlsched.cluster.events import TrainStepFinished, TrajectoryFinished
@@ -128,3 +128,36 @@ def test_a_long_trajectory_waits_for_gpus_on_their_way_to_the_trainer():
     (mb,) = [c for c in _ready_while_gpus_join("elastic:staleness=1,join=false", 100_000)
              if isinstance(c, TrainMicroBatch)]
     assert mb.trajectories == ("T0",)
+
+
+def _last_on_its_engine_finishes(spec: str, tokens: int) -> list:
+    """On-policy, 4 engines of 1 GPU with one trajectory each. T0 finished and its engine
+    joined the trainer, which trained it (0.001 GPU-s per token; a switch measured 8 s).
+    At t=10 T1 finishes with ``tokens`` tokens, emptying its engine: the commands (the
+    engine goes to the trainer in the same decision)."""
+    st, pol = _rolling_out(4, 1, 4, spec)
+    _finish(st, "T0")
+    (release,) = [c for c in pol.on_event(TrajectoryFinished("T0", TrajStatus.DONE, 0), st)
+                  if isinstance(c, Reassign)]
+    (mb,) = [c for c in _to_train(st, pol, release) if isinstance(c, TrainMicroBatch)]
+    assert mb.trajectories == ("T0",)
+    st.trajs["T0"].in_micro_batch = True
+    pol._meter.train_gpu_s_per_token, pol._meter.switch_s = 0.001, 8.0
+    st.advance(10.0)
+    st.trajs["T1"].tokens = tokens
+    _finish(st, "T1")
+    return list(pol.on_event(TrajectoryFinished("T1", TrajStatus.DONE, 0), st))
+
+
+def test_a_micro_batch_waits_for_an_engine_released_to_the_trainer_in_the_same_decision():
+    # 100k tokens: 100 s on the trainer's 1 GPU now, 8 + 50 s on 2 once T1's engine has
+    # switched: the micro-batch is withheld, the engine still goes
+    cmds = _last_on_its_engine_finishes("elastic", 100_000)
+    assert [c.role for c in cmds if isinstance(c, Reassign)] == [Role.TRAIN]
+    assert not [c for c in cmds if isinstance(c, TrainMicroBatch)]
+    # 1000 tokens (1 s now) or join=false: it starts at once beside the release
+    for spec, tokens in (("elastic", 1000), ("elastic:join=false", 100_000)):
+        cmds = _last_on_its_engine_finishes(spec, tokens)
+        assert [c.role for c in cmds if isinstance(c, Reassign)] == [Role.TRAIN]
+        (mb,) = [c for c in cmds if isinstance(c, TrainMicroBatch)]
+        assert mb.trajectories == ("T1",)
