@@ -28,6 +28,20 @@ what it should do, and issues only the difference. What it should do:
   elastic bench's six k=1 points but up to 23% slower on the regime map's long-sequence,
   training-heavy points, so they are not the defaults.
 
+* **Hold a fixed split when moves cannot pay** (``hold``, staleness k >= 1): moving GPUs to
+  the trainer and back costs two role switches and saves at most part of a step's
+  training. Once a step's training, measured (its tokens at the measured GPU-seconds per
+  token), takes no longer on half the GPUs than those two switches (measured), elastic
+  holds a fixed split of half the engines in each role (the flat middle of async's sweep)
+  until a heavier step lifts it. Small clusters with few trajectories a step live here:
+  it closed the three no-harm counterexamples (2.3 / 1.0 / 2.0% behind the best async, now
+  1.0% behind / 2.9% / 0.2% ahead); it engaged at no point of the elastic bench (64 and 256
+  GPUs) nor the regime map.
+* **A micro-batch waits for GPUs on their way** (``join``): a micro-batch runs on the GPUs
+  the trainer has when it starts, so when a trajectory (typically the step's last, the
+  longest) would finish sooner on the trainer after the engines switching to it arrive,
+  at the measured rate and switch time, it waits for them.
+
 * **Spread the tail that is left** (``steal``): an engine kept in rollout with nothing to
   do takes (``Move``) the trajectory predicted longest off an engine crowded with three
   or more, instead of idling beside it; the driver charges the KV transfer.
@@ -215,11 +229,11 @@ class Elastic(Configured):
         match event:
             case RolesChanged(gpus=gpus, role=Role.ROLLOUT):
                 self._switching -= 1
-                self._arrive(gpus, view)
+                self._arrive(gpus, Role.ROLLOUT, view)
                 cmds += self._refresh(view, gpus)
-            case RolesChanged(gpus=gpus):
+            case RolesChanged(gpus=gpus, role=role):
                 self._switching -= 1
-                self._arrive(gpus, view)
+                self._arrive(gpus, role, view)
             case MicroBatchFinished():
                 self._meter.micro_batch_done(view.now)
             case TrajectoryFinished(trajectory=t, status=st) if st in (TrajStatus.DONE, TrajStatus.TIMED_OUT):
@@ -274,15 +288,25 @@ class Elastic(Configured):
             cmds += self._isolate_tail(view, cmds)
         return cmds
 
-    def _arrive(self, gpus: tuple[int, ...], view: ClusterView) -> None:
-        """GPUs of a Reassign finished their switch."""
-        self._moving.difference_update(gpus)
-        self._to_rollout.difference_update(gpus)
+    def _arrive(self, gpus: tuple[int, ...], role: Role, view: ClusterView) -> None:
+        """GPUs of a Reassign finished their switch to ``role``. A driver may report it
+        after the policy sent the same GPUs on to another role (a new engine's EngineIdle
+        comes before its RolesChanged, and an idle engine may go to the trainer at once):
+        that second switch is still under way, so only what was sent to ``role`` ends."""
+        on_way = set()  # (GPUs sent on to another role meanwhile)
+        if role is not Role.TRAIN:
+            on_way.update(g for k in self._to_train for g in k)
+        if role is not Role.ROLLOUT:
+            on_way.update(self._to_rollout)
+        self._moving.difference_update(g for g in gpus if g not in on_way)
         arrived = set(gpus)
-        for key in [k for k in self._to_train if arrived.intersection(k)]:
-            # (a failure may have taken some of a group's GPUs: match by overlap)
-            self._arrived = max(self._arrived, self._to_train.pop(key))
-        self._meter.switch_done(gpus, view.now)
+        if role is Role.ROLLOUT:
+            self._to_rollout.difference_update(gpus)
+        elif role is Role.TRAIN:
+            for key in [k for k in self._to_train if arrived.intersection(k)]:
+                # (a failure may have taken some of a group's GPUs: match by overlap)
+                self._arrived = max(self._arrived, self._to_train.pop(key))
+        self._meter.switch_done(gpus, view.now, role)
 
     def _refresh(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
         """New engines with weights older than the trainer's (a driver may load the weights
@@ -301,7 +325,7 @@ class Elastic(Configured):
             self._to_rollout.update(gpus)
         elif role is Role.TRAIN:
             self._to_train[gpus] = view.now
-        self._meter.switch_sent(gpus, view.now)
+        self._meter.switch_sent(gpus, view.now, role)
         return [Reassign(gpus, role, drain)]
 
     def _start(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:

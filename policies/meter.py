@@ -9,14 +9,14 @@ times (``view.now``) of this run, and is ``None`` until it was first seen.
 
 from __future__ import annotations
 
-from rlsched.cluster.ids import GpuId
+from rlsched.cluster.ids import GpuId, Role
 
 
 class Meter:
     """Running measurements of one run (the newest observation wins: the workload drifts)."""
 
     def __init__(self) -> None:
-        self._switches: dict[tuple[GpuId, ...], float] = {}
+        self._switches: dict[tuple[tuple[GpuId, ...], Role | None], float] = {}
         self.switch_s: float | None = None
         self._mb: tuple[float, int, int] | None = None  # (started, GPUs, tokens)
         self.train_gpu_s_per_token: float | None = None
@@ -25,12 +25,16 @@ class Meter:
         self.rollout_s: float | None = None
 
     # ---------------------------------------------------------------- switches
-    def switch_sent(self, gpus: tuple[GpuId, ...], now: float) -> None:
-        self._switches[gpus] = now
+    def switch_sent(self, gpus: tuple[GpuId, ...], now: float, role: Role | None = None) -> None:
+        self._switches[gpus, role] = now
 
-    def switch_done(self, gpus: tuple[GpuId, ...], now: float) -> None:
+    def switch_done(self, gpus: tuple[GpuId, ...], now: float, role: Role | None = None) -> None:
+        """GPUs reported their switch to ``role`` done. Only switches sent to that role
+        match: a driver may report a switch after the policy sent the same GPUs on to
+        another role (a new engine's EngineIdle comes first), and that second switch has
+        not ended (matching it would measure a switch of 0 s)."""
         arrived = set(gpus)
-        for key in [k for k in self._switches if arrived.intersection(k)]:
+        for key in [k for k in self._switches if arrived.intersection(k[0]) and role in (None, k[1])]:
             sent = self._switches.pop(key)
             self.switch_s = now - sent
 

@@ -161,3 +161,23 @@ def test_a_micro_batch_waits_for_an_engine_released_to_the_trainer_in_the_same_d
         assert [c.role for c in cmds if isinstance(c, Reassign)] == [Role.TRAIN]
         (mb,) = [c for c in cmds if isinstance(c, TrainMicroBatch)]
         assert mb.trajectories == ("T1",)
+
+
+def test_a_late_report_of_a_switch_does_not_end_the_next_one():
+    # GPUs 0-3 reach rollout at t=8 (sent at 0); their engine, idle, goes on to the trainer
+    # at t=8 before the driver's RolesChanged(rollout) arrives: that report ends the first
+    # switch only (8 s, not 0 s for the second), and the trainer still expects the GPUs
+    m = Meter()
+    m.switch_sent((0, 1, 2, 3), 0.0, Role.ROLLOUT)
+    m.switch_sent((0, 1, 2, 3), 8.0, Role.TRAIN)
+    m.switch_done((0, 1, 2, 3), 8.0, Role.ROLLOUT)
+    assert m.switch_s == 8.0
+    m.switch_done((0, 1, 2, 3), 16.5, Role.TRAIN)
+    assert m.switch_s == 8.5
+    st, pol = _rolling_out(8, 1, 8, "elastic:staleness=1", steps=3)
+    pol._send(st, (0,), Role.ROLLOUT)
+    pol._send(st, (0,), Role.TRAIN)
+    pol._arrive((0,), Role.ROLLOUT, st)
+    assert (0,) in pol._to_train and 0 in pol._moving
+    pol._arrive((0,), Role.TRAIN, st)
+    assert (0,) not in pol._to_train and 0 not in pol._moving
