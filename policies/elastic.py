@@ -293,20 +293,27 @@ class Elastic(Configured):
         after the policy sent the same GPUs on to another role (a new engine's EngineIdle
         comes before its RolesChanged, and an idle engine may go to the trainer at once):
         that second switch is still under way, so only what was sent to ``role`` ends."""
-        on_way = set()  # (GPUs sent on to another role meanwhile)
-        if role is not Role.TRAIN:
-            on_way.update(g for k in self._to_train for g in k)
-        if role is not Role.ROLLOUT:
-            on_way.update(self._to_rollout)
-        self._moving.difference_update(g for g in gpus if g not in on_way)
         arrived = set(gpus)
+        on_way = set()  # (GPUs sent on to another role meanwhile: switching still)
+        if role is not Role.ROLLOUT:
+            on_way.update(g for g in self._to_rollout if view.role(g) is Role.SWITCHING)
+        for key in [k for k in self._to_train if arrived.intersection(k)]:
+            if role is not Role.TRAIN and self._switching_to_train(view, key):
+                on_way.update(key)
+                continue
+            # (a failure may have taken some of a group's GPUs: match by overlap)
+            self._arrived = max(self._arrived, self._to_train.pop(key))
+        self._moving.difference_update(g for g in gpus if g not in on_way)
         if role is Role.ROLLOUT:
             self._to_rollout.difference_update(gpus)
-        elif role is Role.TRAIN:
-            for key in [k for k in self._to_train if arrived.intersection(k)]:
-                # (a failure may have taken some of a group's GPUs: match by overlap)
-                self._arrived = max(self._arrived, self._to_train.pop(key))
         self._meter.switch_done(gpus, view.now, role)
+
+    @staticmethod
+    def _switching_to_train(view: ClusterView, key: tuple[int, ...]) -> bool:
+        """Is a group sent to the trainer still on its way (a GPU of it switching, not
+        failed)? A group a failure took out of its switch never reports its arrival."""
+        failed = set(view.failed_gpus())
+        return any(view.role(g) is Role.SWITCHING and g not in failed for g in key)
 
     def _refresh(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
         """New engines with weights older than the trainer's (a driver may load the weights
@@ -580,17 +587,21 @@ class Elastic(Configured):
         if len(mbs) != 1:
             return trained
         tokens = sum(view.trajectory(t).tokens for t in mbs[0].trajectories)
-        if not self._sooner_joined(view, len(tr.gpus), tokens):
+        fresh = frozenset(c.gpus for c in released if isinstance(c, Reassign) and c.role is Role.TRAIN)
+        if not self._sooner_joined(view, len(tr.gpus), tokens, fresh):
             return trained
         self._in_micro -= len(mbs[0].trajectories)
         self._step_tokens -= tokens
         self._meter.micro_batch_withdrawn()
         return [c for c in trained if c is not mbs[0]]
 
-    def _sooner_joined(self, view: ClusterView, gpus: int, tokens: int) -> bool:
+    def _sooner_joined(self, view: ClusterView, gpus: int, tokens: int,
+                       fresh: frozenset[tuple[int, ...]] = frozenset()) -> bool:
         """``join``: would a micro-batch of ``tokens`` finish sooner if it waited for the GPUs on
         their way to the trainer (each group due a measured switch after it was sent) than
-        started now on the trainer's ``gpus``? (Unmeasured rate or switch: no.)"""
+        started now on the trainer's ``gpus``? Only groups still switching count (their
+        arrival is reported: the wait ends), and ``fresh`` ones, sent in this decision.
+        (Unmeasured rate or switch: no.)"""
         m = self._meter
         rate, sw = m.train_gpu_s_per_token, m.switch_s
         if not self.config.join or rate is None or sw is None or gpus <= 0:
@@ -598,8 +609,9 @@ class Elastic(Configured):
         work = tokens * rate
         now_end = view.now + work / gpus
         joined = gpus
-        for sent, n in sorted((t, len(k)) for k, t in self._to_train.items()):
-            joined += n
+        for sent, n in sorted((t, len(k)) for k, t in self._to_train.items()
+                              if k in fresh or self._switching_to_train(view, k)):
+            joined += n  # (a group still switching reports its arrival: the wait ends)
             if max(view.now, sent + sw) + work / joined < now_end:
                 return True
         return False

@@ -111,6 +111,7 @@ def _ready_while_gpus_join(spec: str, tokens: int) -> list:
     st, pol = _rolling_out(8, 1, 8, spec, steps=3)
     pol._meter.train_gpu_s_per_token, pol._meter.switch_s = 0.001, 8.0
     pol._to_train[(0, 1)] = 100.0
+    st.roles[0] = st.roles[1] = Role.SWITCHING
     st.advance(101.0)
     st.trajs["T0"].tokens = tokens
     _finish(st, "T0")
@@ -177,7 +178,9 @@ def test_a_late_report_of_a_switch_does_not_end_the_next_one():
     st, pol = _rolling_out(8, 1, 8, "elastic:staleness=1", steps=3)
     pol._send(st, (0,), Role.ROLLOUT)
     pol._send(st, (0,), Role.TRAIN)
+    st.roles[0] = Role.SWITCHING
     pol._arrive((0,), Role.ROLLOUT, st)
     assert (0,) in pol._to_train and 0 in pol._moving
+    st.roles[0] = Role.TRAIN
     pol._arrive((0,), Role.TRAIN, st)
     assert (0,) not in pol._to_train and 0 not in pol._moving
