@@ -140,3 +140,17 @@ def test_known_counterexample_on_eight_engines_stays_within_its_measured_gap():
     seconds = _case(643550, "longtail-small", 4, 2, 4, 8, 6, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
     assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
+
+
+def test_a_late_switch_report_no_longer_starves_the_trainer():
+    """Found by the slow search on session 11's first ``hold`` (longtail-small, seed 1285,
+    4 tasks x 2 samples per step, tp 4, 8 engines, turns x0.3, 6 steps): the best async
+    (rollout_fraction 0.25) takes 1048.7 s; elastic k=1 took 1087.9 s, 3.7% behind. Engines
+    coming back to rollout were idle on arrival and went on to the trainer before the
+    driver's RolesChanged(rollout) reached the policy, which then ended their switch to the
+    trainer too: the meter measured a 0 s switch and the trainer, expecting no GPUs, started a
+    244k-token micro-batch on its 4. With a late report ending only the switch to its own
+    role: 1045.8 s, 0.3% ahead (``hold=false``: 1043.7 s)."""
+    seconds = _case(1285, "longtail-small", 4, 2, 4, 8, 6, 0.3)
+    best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
+    assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
