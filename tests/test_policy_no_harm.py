@@ -8,11 +8,14 @@ Known exceptions, stated in the README: on traces with *no* length spread (the
 lost up to ~7% to the best fixed split in an earlier session's search (its moves cost
 switches that a tail-less workload never repays; a fixed split is optimal there; ``hold``,
 session 11, is elastic holding a fixed split once it measures that regime, not measured on
-``uniform``). The cases the slow search found (up to 3.7% behind) are pinned below at the
-1% tolerance with their measured figures; in session 11 three runs of the slow search on
-the final code found none, nor did 160 cases drawn from its strategy (100 of them at 8
-trajectories a step, where the pinned ones live). The default-suite test draws a fixed set
-of examples (derandomized), so it is not flaky; the slow one searches.
+``uniform``). The small long-tailed cases the slow search found (up to 3.7% behind) are
+pinned below at the 1% tolerance with their measured figures; two it still finds
+(tool-heavy on 2-3 single-GPU engines, 2.4% behind colocated at k=0 and 5.0% behind the
+best async at k=1, both there before session 11) are pinned at their measured gaps. In
+session 11, of three runs of the slow search on the final code one found those two and two
+found nothing; 160 cases drawn from its strategy (100 of them at 8 trajectories a step,
+where the first pinned ones live) found none. The default-suite test draws a fixed set of
+examples (derandomized), so it is not flaky; the slow one searches.
 """
 
 from __future__ import annotations
@@ -157,3 +160,22 @@ def test_a_late_switch_report_no_longer_starves_the_trainer():
     seconds = _case(1285, "longtail-small", 4, 2, 4, 8, 6, 0.3)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
     assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
+
+
+def test_known_tool_heavy_counterexamples_on_three_gpus_stay_within_their_measured_gaps():
+    """Found by the slow search on session 11's final code, and there before it (measured on
+    the session's starting code 5f81839: 11,988.2 s and 7,346.1 s): tool-heavy, seed 105, 6
+    tasks x 8 samples per step, tp 1, 3 steps. On 3 engines the best async (rollout_fraction
+    0.5 to 0.75) takes 11,405.8 s and elastic k=1 11,973.9 s, 5.0% behind: its trainer
+    reserves one of the three GPUs (``train_share`` 0.25, at least one engine) while the
+    first of only three batches rolls out; ``train_share=0`` takes 9,290.6 s (18.5% ahead),
+    but that is not the default (training-heavy regime map points). ``hold`` does not engage
+    (a step's training is more than two switches on one GPU). On 2 engines (turns x0.1)
+    elastic k=0 is 7,309.7 s against colocated's 7,137.2 s, 2.4% behind -- the first k=0
+    case the search found. Why was not analysed. This pins both gaps so that they cannot grow
+    unnoticed (and passes the day they close)."""
+    seconds = _case(105, "tool-heavy", 6, 8, 1, 3, 3, 0.3)
+    best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
+    assert seconds("elastic:staleness=1")[0] <= 1.055 * best
+    seconds = _case(105, "tool-heavy", 6, 8, 1, 2, 3, 0.1)
+    assert seconds("elastic")[0] <= 1.03 * seconds("colocated")[0]
