@@ -172,8 +172,13 @@ def test_known_tool_heavy_counterexamples_on_three_gpus_stay_within_their_measur
     but that is not the default (training-heavy regime map points). ``hold`` does not engage
     (a step's training is more than two switches on one GPU). On 2 engines (turns x0.1)
     elastic k=0 is 7,309.7 s against colocated's 7,137.2 s, 2.4% behind -- the first k=0
-    case the search found. Why was not analysed. This pins both gaps so that they cannot grow
-    unnoticed (and passes the day they close)."""
+    case the search found. Why: elastic wins the first two steps (1,911 / 3,304 s against
+    2,088 / 3,634 s) but in the third, when one engine empties, it goes to the trainer and
+    the other holds the step's 8 live trajectories (early in their turns their KV is small,
+    under ``kv_limit``, and the cap is 24 an engine); they are the long tail (one task's
+    samples), and decoding 8 at once instead of 4 an engine ends that rollout 492 s later
+    than colocated's. This pins both gaps so that they cannot grow unnoticed (and passes the
+    day they close)."""
     seconds = _case(105, "tool-heavy", 6, 8, 1, 3, 3, 0.3)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
     assert seconds("elastic:staleness=1")[0] <= 1.055 * best
