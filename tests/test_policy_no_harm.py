@@ -176,8 +176,9 @@ def test_known_tool_heavy_counterexamples_on_three_gpus_stay_within_their_measur
     2,088 / 3,634 s) but in the third, when one engine empties, it goes to the trainer and
     the other holds the step's 8 live trajectories (early in their turns their KV is small,
     under ``kv_limit``, and the cap is 24 an engine); they are the long tail (one task's
-    samples), and decoding 8 at once instead of 4 an engine ends that rollout 492 s later
-    than colocated's. This pins both gaps so that they cannot grow unnoticed (and passes the
+    samples; the engines finished unevenly, loads [0, 8]), and decoding 8 at once instead of 4
+    an engine ends that rollout 492 s later than colocated's (stealing, which would spread
+    them, runs only when consolidation releases nothing). This pins both gaps so that they cannot grow unnoticed (and passes the
     day they close)."""
     seconds = _case(105, "tool-heavy", 6, 8, 1, 3, 3, 0.3)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
