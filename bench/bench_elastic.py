@@ -19,7 +19,9 @@ steps (>= 12: 4-step runs are dominated by the first batch's warm-up):
   trainer reserved (``train_share=0``: it forms from freed engines) and kept to train its
   backlog within 0.4 of a rollout (``train_within=0.4``), with and without the empty
   trainer's hedge (``hedge=false``); and tail isolation off at staleness 1
-  (``isolate=false``: a step's tail stays on the engines it runs on).
+  (``isolate=false``: a step's tail stays on the engines it runs on); and, at staleness 1,
+  no fixed split held when moves cannot pay (``hold=false``) and micro-batches that never
+  wait for GPUs on their way to the trainer (``join=false``).
 
 Traces: the shipped long-tail sample, the seed-scale preset (``swe-seed``, turns scaled
 by ``--seed-turns-scale`` to fit the time) and the drift preset (``longtail-growing``);
@@ -73,7 +75,8 @@ ELASTIC = ["elastic", "elastic:staleness=1", "oracle", "oracle:staleness=1"]
 ABLATION = ([f"elastic:{a}{',staleness=1' if k else ''}" for k in (0, 1)
              for a in ("order=fifo", "pack=64", "kv_limit=0.01", "steal=false")]
             + [f"elastic:cut=0.25{stop},staleness=1" for stop in ("", ",cut_stop=true")]
-            + ["elastic:isolate=false,staleness=1",
+            + ["elastic:isolate=false,staleness=1", "elastic:hold=false,staleness=1",
+               "elastic:join=false,staleness=1",
                "elastic:train_share=0,train_within=0.4,staleness=1",
                "elastic:train_share=0,train_within=0.4,hedge=false,staleness=1"])
 CAUSES = (*GAP_CAUSES, "gap_other_s")

@@ -28,6 +28,20 @@ what it should do, and issues only the difference. What it should do:
   elastic bench's six k=1 points but up to 23% slower on the regime map's long-sequence,
   training-heavy points, so they are not the defaults.
 
+* **Hold a fixed split when moves cannot pay** (``hold``, staleness k >= 1): moving GPUs to
+  the trainer and back costs two role switches and saves at most part of a step's
+  training. Once a step's training, measured (its tokens at the measured GPU-seconds per
+  token), takes no longer on half the GPUs than those two switches (measured), elastic
+  holds a fixed split of half the engines in each role (the flat middle of async's sweep)
+  until a heavier step lifts it. Small clusters with few trajectories a step live here:
+  it closed the three no-harm counterexamples (2.3 / 1.0 / 2.0% behind the best async, now
+  1.0% behind / 2.8% / 0.2% ahead); it engaged at no point of the elastic bench (64 and 256
+  GPUs) nor the regime map.
+* **A micro-batch waits for GPUs on their way** (``join``): a micro-batch runs on the GPUs
+  the trainer has when it starts, so when a trajectory (typically the step's last, the
+  longest) would finish sooner on the trainer after the engines switching to it arrive,
+  at the measured rate and switch time, by more than half a switch, it waits for them.
+
 * **Spread the tail that is left** (``steal``): an engine kept in rollout with nothing to
   do takes (``Move``) the trajectory predicted longest off an engine crowded with three
   or more, instead of idling beside it; the driver charges the KV transfer.
@@ -98,6 +112,14 @@ _CROWDED = 3
 # -11.0..+0.3% (swe-seed 256), map -5.5..+0.01%; 3: bench -9.9..-0.6% but map +11.6% (qwen
 # 256 GPUs, tail 0.05). No trigger won everywhere; 2 loses least, and is the default.
 _TAIL_PER_ENGINE = 2
+# ``join`` waits for GPUs on their way only when that saves more than this share of a
+# (measured) switch: the rate is a mean per token (long sequences cost more per token) and
+# the switch the last one measured, so smaller predicted savings are within what the
+# estimates miss. Measured on the elastic bench at k=1 (six points): with no margin, 2.7%
+# and 1.2% faster at shipped / swe-seed 64 but 0.8% slower at shipped 256 (each from
+# marginal waits whose effect cascades); with 0.5 (1 and 2 gave the same), 0-0.25% faster
+# at all six.
+_JOIN_MARGIN = 0.5
 _OPEN = (TrajStatus.PENDING, TrajStatus.QUEUED, TrajStatus.RUNNING, TrajStatus.INTERRUPTED)
 
 
@@ -148,6 +170,15 @@ class ElasticConfig:
                           "first, moves (Move, once) to the engine with the fewest live trajectories if it "
                           "would share that one with fewer than its own (decode slows with every sequence and "
                           "KV token an engine holds); false: the tail stays where it runs")
+    hold: bool = param("bool", True, "with staleness >= 1: once a step's training, measured, "
+                       "takes no longer on half the GPUs than a role switch there and back (no move "
+                       "between the roles can repay its switches), hold a fixed split of half the engines "
+                       "in each role, as async does, until a later step measures otherwise or the run's "
+                       "last rollout is over; false: GPUs move whatever the measured cost")
+    join: bool = param("bool", True, "a micro-batch ready to train waits for GPUs on their way to "
+                       "the trainer when, at the measured training rate and switch time, it would finish "
+                       "sooner, by more than half a switch, on the larger trainer after they arrive (a "
+                       "micro-batch runs on the GPUs the trainer has when it starts); false: it starts at once")
 
 
 @register
@@ -197,6 +228,8 @@ class Elastic(Configured):
         self._stolen: set[str] = set()  # trajectories an idle engine took (moved once only)
         self._stolen_to: dict[int, str] = {}  # engine -> the trajectory it took last
         self._cut_from: dict[int, frozenset[str]] = {}  # step -> its trajectories trained with step+1
+        self._step_tokens = 0  # tokens sent to micro-batches of the trainer's step
+        self._hold = 0  # GPUs of the trainer's side of a held fixed split (0: none held)
 
     # ------------------------------------------------------------------ events
     def on_event(self, event: Event, view: ClusterView) -> Sequence[Command]:
@@ -204,11 +237,11 @@ class Elastic(Configured):
         match event:
             case RolesChanged(gpus=gpus, role=Role.ROLLOUT):
                 self._switching -= 1
-                self._arrive(gpus, view)
+                self._arrive(gpus, Role.ROLLOUT, view)
                 cmds += self._refresh(view, gpus)
-            case RolesChanged(gpus=gpus):
+            case RolesChanged(gpus=gpus, role=role):
                 self._switching -= 1
-                self._arrive(gpus, view)
+                self._arrive(gpus, role, view)
             case MicroBatchFinished():
                 self._meter.micro_batch_done(view.now)
             case TrajectoryFinished(trajectory=t, status=st) if st in (TrajStatus.DONE, TrajStatus.TIMED_OUT):
@@ -218,6 +251,9 @@ class Elastic(Configured):
                     self._meter.batch_done(info.step, view.now)
             case TrainStepFinished(version=v):
                 self._train_step, self._in_micro, self._opt_sent = v, 0, False
+                self._meter.step_trained(self._step_tokens)
+                self._step_tokens = 0
+                self._hold = self._hold_gpus(view)
                 if v >= view.num_steps:
                     return []
                 if view.engines():
@@ -235,33 +271,57 @@ class Elastic(Configured):
         tr = view.trainer()  # (the view does not change while the policy decides)
         self._release_batches(view)
         self._requeue_interrupted(view)
+        grow = self._grow_to_hold(view, tr)
+        cmds += grow
         placed = self._queue.place(view, self._cap, self._min_version,
                                    self._predictor.remaining if self.config.order == "longest" else None,
-                                   hold=self._coming(view) // view.tp)
+                                   hold=self._coming(view) // view.tp,
+                                   skip=frozenset(view.engine_of(g) for c in grow for g in c.gpus))
         cmds += placed
         cmds += self._reclaim(view, tr)
         cmds += self._cut_tail(view, tr)
         leaving = {g for c in cmds if isinstance(c, Reassign) and c.role is not Role.TRAIN for g in c.gpus}
+        trained: list[Command] = []
         if not leaving or leaving.isdisjoint(tr.gpus):
             # (a micro-batch queued while the trainer's GPUs are being handed back would
             # start on whatever GPUs it gets later: wait until it has them)
-            cmds += self._train(view, tr)
+            trained = self._train(view, tr)
         if not placed and not self._queue:  # let new work settle before releasing engines
             released = self._consolidate(view, tr)
-            cmds += released or self._steal_tail(view)
+            trained = self._withhold(view, tr, trained, released)
+            cmds += trained + (released or self._steal_tail(view))
+        else:
+            cmds += trained
         if self.config.isolate and isinstance(event, TrajectoryFinished | RolesChanged):
             cmds += self._isolate_tail(view, cmds)
         return cmds
 
-    def _arrive(self, gpus: tuple[int, ...], view: ClusterView) -> None:
-        """GPUs of a Reassign finished their switch."""
-        self._moving.difference_update(gpus)
-        self._to_rollout.difference_update(gpus)
+    def _arrive(self, gpus: tuple[int, ...], role: Role, view: ClusterView) -> None:
+        """GPUs of a Reassign finished their switch to ``role``. A driver may report it
+        after the policy sent the same GPUs on to another role (a new engine's EngineIdle
+        comes before its RolesChanged, and an idle engine may go to the trainer at once):
+        that second switch is still under way, so only what was sent to ``role`` ends."""
         arrived = set(gpus)
+        on_way = set()  # (GPUs sent on to another role meanwhile: switching still)
+        if role is not Role.ROLLOUT:
+            on_way.update(g for g in self._to_rollout if view.role(g) is Role.SWITCHING)
         for key in [k for k in self._to_train if arrived.intersection(k)]:
+            if role is not Role.TRAIN and self._switching_to_train(view, key):
+                on_way.update(key)
+                continue
             # (a failure may have taken some of a group's GPUs: match by overlap)
             self._arrived = max(self._arrived, self._to_train.pop(key))
-        self._meter.switch_done(gpus, view.now)
+        self._moving.difference_update(g for g in gpus if g not in on_way)
+        if role is Role.ROLLOUT:
+            self._to_rollout.difference_update(gpus)
+        self._meter.switch_done(gpus, view.now, role)
+
+    @staticmethod
+    def _switching_to_train(view: ClusterView, key: tuple[int, ...]) -> bool:
+        """Is a group sent to the trainer still on its way (a GPU of it switching, not
+        failed)? A group a failure took out of its switch never reports its arrival."""
+        failed = set(view.failed_gpus())
+        return any(view.role(g) is Role.SWITCHING and g not in failed for g in key)
 
     def _refresh(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
         """New engines with weights older than the trainer's (a driver may load the weights
@@ -280,7 +340,7 @@ class Elastic(Configured):
             self._to_rollout.update(gpus)
         elif role is Role.TRAIN:
             self._to_train[gpus] = view.now
-        self._meter.switch_sent(gpus, view.now)
+        self._meter.switch_sent(gpus, view.now, role)
         return [Reassign(gpus, role, drain)]
 
     def _start(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
@@ -314,6 +374,49 @@ class Elastic(Configured):
                 return 0  # no room for both: the trainer forms when the rollout frees it
         return gpus
 
+    def _hold_gpus(self, view: ClusterView) -> int:
+        """``hold``: GPUs of the trainer's side of a fixed split to hold, or 0 to go on moving
+        GPUs. Moving GPUs to the trainer and back costs two role switches, and the most it
+        can save is part of a step's training; so once a step's training (its tokens at the
+        measured GPU-seconds per token) takes, on half the GPUs, no longer than those two
+        switches (measured), no move can repay itself. Elastic is then a fixed split, and of
+        the fixed splits it holds the middle one, half the engines (at least the trainer's
+        memory floor): async's makespan over its ``rollout_fraction`` is flat in the middle
+        and steep at the ends (a small long-tailed case, seed 1: 348.9 s at 0.25, 353.7 s at
+        0.5, 397.1 s at 0.75; seed 16: 410.2 / 405.1 / 435.7 s), and this regime is the one
+        whose rollout is the tail's latency rather than its GPUs. Measured after each
+        optimizer step from this run's events only (the workload drifts: a heavier step lifts
+        the hold)."""
+        if not self.config.hold or not self._ahead or view.num_steps < 2:
+            return 0
+        m = self._meter
+        work = m.step_train_gpu_s()
+        engines = view.num_gpus // view.tp
+        if work is None or m.switch_s is None or engines < 2:
+            return 0
+        half = engines // 2 * view.tp
+        floor = view.trainer().min_gpus
+        if half < floor:
+            half = math.ceil(floor / view.tp) * view.tp
+            if half > view.num_gpus - view.tp:
+                return 0  # no room for both sides: nothing to hold
+        return half if work / half <= 2.0 * m.switch_s else 0
+
+    def _grow_to_hold(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
+        """A held split whose trainer is short of its side by whole engines takes them from
+        rollout, the least loaded first (their live trajectories migrate with ``drain``),
+        keeping at least ``min_engines`` rolling out."""
+        if not self._hold or not tr.gpus:
+            return []
+        have = sum(1 for g in tr.gpus if g not in self._to_rollout) + sum(len(k) for k in self._to_train)
+        ids = view.engines()
+        n = min((self._hold - have) // view.tp, len(ids) - self.config.min_engines)
+        if n <= 0:
+            return []
+        victims = sorted(view.engine_loads(), key=lambda el: (el[1], -el[0]))[:n]
+        gpus = tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
+        return self._send(view, gpus, Role.TRAIN, Drain(self.config.drain))
+
     def _coming(self, view: ClusterView) -> int:
         """GPUs on their way to rollout (switching, or in the trainer until its micro-batch
         ends). One a failure took out of its switch never reports: it is forgotten here."""
@@ -335,7 +438,7 @@ class Elastic(Configured):
             self._queue.add(self._released, batch)
             self._meter.batch_released(self._released, view.now)
             in_flight = min(self._ahead + 1, view.num_steps)
-            engines = view.num_gpus // view.tp - self._reserve(view) // view.tp
+            engines = view.num_gpus // view.tp - (self._hold or self._reserve(view)) // view.tp
             self._cap = per_engine_cap(len(batch) * in_flight, engines, self.config.pack)
             self._even = per_engine_cap(len(batch) * in_flight, engines, 1.0)
             self._released += 1
@@ -370,6 +473,8 @@ class Elastic(Configured):
         if want <= 0:
             return []
         keep = self._trainer_keep(view) if self.config.staleness else 0
+        if self._hold:
+            keep = self._hold  # a held split: the trainer keeps its side
         if not view.engines() and not coming:
             keep = 0  # no engine rolls out: the queue would wait forever
         # (GPUs already sent away stay in TRAIN until their micro-batch ends: not twice)
@@ -377,7 +482,7 @@ class Elastic(Configured):
         spare = (len(free) - keep) // tp
         if spare <= 0:
             return []
-        n = min(spare, want)
+        n = spare if self._hold else min(spare, want)  # (a held split: back to its sides)
         left = len(free) - n * tp
         take = free[len(free) - n * tp:]
         if 0 < left < tr.min_gpus:  # never shrink the trainer below its floor (refused)
@@ -467,14 +572,57 @@ class Elastic(Configured):
             # While more GPUs are on their way to the trainer, one trajectory at a time, so
             # they join within a fraction of one trajectory's training.
             ready = ready[:1] if self._to_train else ready[:self.config.micro * len(tr.gpus)]
-            self._in_micro += len(ready)
             tokens = sum(view.trajectory(t).tokens for t in ready)
+            if self._to_train and self._sooner_joined(view, len(tr.gpus), tokens):
+                return []  # (the GPUs' RolesChanged starts it on the larger trainer)
+            self._in_micro += len(ready)
+            self._step_tokens += tokens
             self._meter.micro_batch_sent(len(tr.gpus), tokens, view.now)
             return [TrainMicroBatch(ready)]
         if self._open(view, s) == 0 and self._in_micro == self._size(view, s):
             self._opt_sent = True
             return [OptimizerStep()]
         return []
+
+    def _withhold(self, view: ClusterView, tr: TrainerInfo, trained: list[Command],
+                  released: list[Command]) -> list[Command]:
+        """``join`` for engines released to the trainer in the same decision as a micro-batch
+        (the step's last trajectory finishing empties an engine): the micro-batch is taken
+        back, to start when they arrive, if it would finish sooner on them."""
+        if not any(isinstance(c, Reassign) and c.role is Role.TRAIN for c in released):
+            return trained
+        mbs = [c for c in trained if isinstance(c, TrainMicroBatch)]
+        if len(mbs) != 1:
+            return trained
+        tokens = sum(view.trajectory(t).tokens for t in mbs[0].trajectories)
+        fresh = frozenset(c.gpus for c in released if isinstance(c, Reassign) and c.role is Role.TRAIN)
+        if not self._sooner_joined(view, len(tr.gpus), tokens, fresh):
+            return trained
+        self._in_micro -= len(mbs[0].trajectories)
+        self._step_tokens -= tokens
+        self._meter.micro_batch_withdrawn()
+        return [c for c in trained if c is not mbs[0]]
+
+    def _sooner_joined(self, view: ClusterView, gpus: int, tokens: int,
+                       fresh: frozenset[tuple[int, ...]] = frozenset()) -> bool:
+        """``join``: would a micro-batch of ``tokens`` finish sooner if it waited for the GPUs on
+        their way to the trainer (each group due a measured switch after it was sent) than
+        started now on the trainer's ``gpus``, by more than ``_JOIN_MARGIN`` of a switch?
+        Only groups still switching count (their arrival is reported: the wait ends), and
+        ``fresh`` ones, sent in this decision. (Unmeasured rate or switch: no.)"""
+        m = self._meter
+        rate, sw = m.train_gpu_s_per_token, m.switch_s
+        if not self.config.join or rate is None or sw is None or gpus <= 0:
+            return False
+        work = tokens * rate
+        now_end = view.now + work / gpus
+        joined = gpus
+        for sent, n in sorted((t, len(k)) for k, t in self._to_train.items()
+                              if k in fresh or self._switching_to_train(view, k)):
+            joined += n  # (a group still switching reports its arrival: the wait ends)
+            if max(view.now, sent + sw) + work / joined + _JOIN_MARGIN * sw < now_end:
+                return True
+        return False
 
     def _ready(self, view: ClusterView, s: int) -> tuple[str, ...]:
         """Finished trajectories the trainer's step ``s`` trains and has not been sent: the
@@ -654,6 +802,8 @@ class Elastic(Configured):
             floor = 0
         elif stuck:
             floor = min(floor, totals.engines - 1)
+        if self._hold and not (over and self._released >= view.num_steps):
+            return []  # a held split: the trainer grows to its side only (_grow_to_hold)
         if totals.engines <= floor:
             return []
         if not (self._backlog(view) or (self._in_micro and over)):

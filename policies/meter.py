@@ -9,27 +9,32 @@ times (``view.now``) of this run, and is ``None`` until it was first seen.
 
 from __future__ import annotations
 
-from rlsched.cluster.ids import GpuId
+from rlsched.cluster.ids import GpuId, Role
 
 
 class Meter:
     """Running measurements of one run (the newest observation wins: the workload drifts)."""
 
     def __init__(self) -> None:
-        self._switches: dict[tuple[GpuId, ...], float] = {}
+        self._switches: dict[tuple[tuple[GpuId, ...], Role | None], float] = {}
         self.switch_s: float | None = None
         self._mb: tuple[float, int, int] | None = None  # (started, GPUs, tokens)
         self.train_gpu_s_per_token: float | None = None
+        self.step_tokens: int | None = None  # tokens the last optimizer step trained
         self._released: dict[int, float] = {}
         self.rollout_s: float | None = None
 
     # ---------------------------------------------------------------- switches
-    def switch_sent(self, gpus: tuple[GpuId, ...], now: float) -> None:
-        self._switches[gpus] = now
+    def switch_sent(self, gpus: tuple[GpuId, ...], now: float, role: Role | None = None) -> None:
+        self._switches[gpus, role] = now
 
-    def switch_done(self, gpus: tuple[GpuId, ...], now: float) -> None:
+    def switch_done(self, gpus: tuple[GpuId, ...], now: float, role: Role | None = None) -> None:
+        """GPUs reported their switch to ``role`` done. Only switches sent to that role
+        match: a driver may report a switch after the policy sent the same GPUs on to
+        another role (a new engine's EngineIdle comes first), and that second switch has
+        not ended (matching it would measure a switch of 0 s)."""
         arrived = set(gpus)
-        for key in [k for k in self._switches if arrived.intersection(k)]:
+        for key in [k for k in self._switches if arrived.intersection(k[0]) and role in (None, k[1])]:
             sent = self._switches.pop(key)
             self.switch_s = now - sent
 
@@ -38,6 +43,10 @@ class Meter:
         """A micro-batch starts now (sent to an idle trainer) on ``gpus`` GPUs."""
         self._mb = (now, gpus, tokens)
 
+    def micro_batch_withdrawn(self) -> None:
+        """The micro-batch just announced was not sent after all."""
+        self._mb = None
+
     def micro_batch_done(self, now: float) -> None:
         if self._mb is None:
             return
@@ -45,6 +54,18 @@ class Meter:
         self._mb = None
         if tokens > 0 and now > started:
             self.train_gpu_s_per_token = (now - started) * gpus / tokens
+
+    def step_trained(self, tokens: int) -> None:
+        """An optimizer step ended; its step trained ``tokens`` tokens."""
+        if tokens > 0:
+            self.step_tokens = tokens
+
+    def step_train_gpu_s(self) -> float | None:
+        """GPU-seconds the last step's training took at the measured rate (``None`` until
+        a micro-batch was timed and a step was trained)."""
+        if self.step_tokens is None or self.train_gpu_s_per_token is None:
+            return None
+        return self.step_tokens * self.train_gpu_s_per_token
 
     # ----------------------------------------------------------------- rollout
     def batch_released(self, step: int, now: float) -> None:

@@ -52,16 +52,18 @@ class LateQueue:
         return sorted(s for s, q in self._steps.items() if q)
 
     def place(self, view: ClusterView, cap: int, min_version: Callable[[int], int],
-              predict: Predict | None, hold: int = 0) -> list[Command]:
+              predict: Predict | None, hold: int = 0,
+              skip: frozenset[EngineId] = frozenset()) -> list[Command]:
         """Dispatch queued trajectories to active engines whose load is below ``cap`` and
         whose weights are at least ``min_version(step)``, oldest step first and, within a
         step, longest predicted first (ties: queue order), each to the least loaded such
         engine (ties: lowest id). The ``hold`` longest predicted of the oldest step stay
         queued: they wait for empty engines on their way (switching into rollout) instead
-        of joining a crowded one now."""
+        of joining a crowded one now. Engines in ``skip`` (leaving rollout in the same
+        decision) take nothing."""
         if not self:
             return []
-        cur = {e: load for e, load in view.engine_loads() if load < cap}
+        cur = {e: load for e, load in view.engine_loads() if load < cap and e not in skip}
         if not cur:
             return []
         versions = {e: view.engine(e).version for e in cur}

@@ -6,10 +6,16 @@ one), every policy on the same tasks, cost model and trained tokens.
 Known exceptions, stated in the README: on traces with *no* length spread (the
 ``uniform`` preset, not drawn here) at a handful of engines and steps, staleness-1 elastic
 lost up to ~7% to the best fixed split in an earlier session's search (its moves cost
-switches that a tail-less workload never repays; a fixed split is optimal there); and the
-slow search below still finds small long-tailed cases where it loses by a little more than
-1% (those found are pinned below with their measured gaps). The default-suite test draws a fixed set of examples (derandomized), so
-it is not flaky; the slow one searches.
+switches that a tail-less workload never repays; a fixed split is optimal there; ``hold``,
+session 11, is elastic holding a fixed split once it measures that regime, not measured on
+``uniform``). The small long-tailed cases the slow search found (up to 3.7% behind) are
+pinned below at the 1% tolerance with their measured figures; two it still finds
+(tool-heavy on 2-3 single-GPU engines, 2.4% behind colocated at k=0 and 5.0% behind the
+best async at k=1, both there before session 11) are pinned at their measured gaps. In
+session 11, of three runs of the slow search on the final code one found those two and two
+found nothing; 160 cases drawn from its strategy (100 of them at 8 trajectories a step,
+where the first pinned ones live) found none. The default-suite test draws a fixed set of
+examples (derandomized), so it is not flaky; the slow one searches.
 """
 
 from __future__ import annotations
@@ -75,19 +81,21 @@ def test_elastic_never_loses_on_small_long_tailed_traces(case):
 
 def test_known_counterexample_stays_within_its_measured_gap_and_closes_without_a_reserve():
     """The slow search's counterexample (longtail-small, seed 16, 4 tasks x 2 samples per step,
-    tp 4, 4 engines, turns x0.1, 6 steps): elastic k=1 with its defaults is 414.3 s vs the
-    best async 405.1 s, 2.3% slower (411.5 s, 1.6%, with ``isolate=false``, the default
-    until session 10: moving the tail of 8 trajectories on 4 engines does not pay here) --
-    it reserves a quarter of the GPUs for a trainer before anything has finished
-    (``train_share`` 0.25). With the trainer forming from freed engines (``train_share=0``)
-    and kept to train its backlog within 0.4 of a rollout (``train_within``) it is 405.1 s,
-    level with the best async. Those are not the defaults: on the regime map's
-    training-heavy points they measured up to 23% slower (README, elastic bench). This pins
-    the default's gap so that it cannot grow unnoticed."""
+    tp 4, 4 engines, turns x0.1, 6 steps): the best async takes 405.1 s. Elastic k=1 with its
+    defaults was 414.3 s, 2.3% slower, until session 11 (``hold=false``: it reserves a quarter
+    of the GPUs for a trainer before anything has finished, ``train_share`` 0.25, then moves
+    engines between the roles every step, each move a switch that 8 trajectories a step never
+    repay). With ``hold`` (session 11) a step's measured training, under two switches on half
+    the GPUs, makes it hold a fixed half split from the first optimizer step on: 409.1 s, 0.98%
+    behind -- what is left is the first step, rolled out beside the quarter reserved before
+    anything was measured (``isolate=false``: 408.3 s). With the trainer forming from freed
+    engines (``train_share=0``, and ``train_within=0.4``) it is 396.3 s, 2.2% ahead; not the
+    default: on the regime map's training-heavy points those measured up to 23% slower
+    (README, elastic bench)."""
     seconds = _case(16, "longtail-small", 4, 2, 4, 4, 6, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
-    assert seconds("elastic:staleness=1")[0] <= 1.025 * best
-    assert seconds("elastic:staleness=1,isolate=false")[0] <= 1.02 * best
+    assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
+    assert seconds("elastic:staleness=1,isolate=false")[0] <= TOLERANCE * best
     assert seconds("elastic:staleness=1,train_share=0,train_within=0.4")[0] <= TOLERANCE * best
 
 
@@ -104,16 +112,17 @@ def test_a_flat_tail_on_two_engines_does_not_starve_the_trainer():
 
 
 def test_known_counterexample_stays_within_its_measured_gap():
-    """What the slow search still finds (longtail-small, seed 1, 4 tasks x 2 samples per step,
-    tp 2, 4 engines, turns x0.1, 6 steps): the best async rolls out on one engine and trains
-    on three (rollout_fraction 0.25: 348.9 s); elastic k=1 is 352.5 s, 1.0% slower (353.3 s
-    with ``isolate=false``; ``train_share=0,train_within=0.4``: 355.1 s, 1.8%). With 8 trajectories a step there is almost no tail,
-    and every move of an engine between the roles costs a switch that a fixed split never
-    pays. Do no harm does not hold here; this pins the gap so that it cannot grow unnoticed
-    (and passes the day it closes)."""
+    """Found by the slow search (longtail-small, seed 1, 4 tasks x 2 samples per step, tp 2,
+    4 engines, turns x0.1, 6 steps): the best async rolls out on one engine and trains on three
+    (rollout_fraction 0.25: 348.9 s; 353.7 s at 0.5). Elastic k=1 was 352.5 s, 1.0% slower,
+    until session 11 (``hold=false,join=false``): with 8 trajectories a step there is almost no
+    tail, and every move of an engine between the roles costs a switch that a fixed split never
+    pays, and the step's last trajectory trained on the quarter reserved while three more
+    engines switched to the trainer. Now 339.2 s, 2.8% ahead: ``hold`` keeps a half split from
+    the first optimizer step (``hold=false``: 352.5 s)."""
     seconds = _case(1, "longtail-small", 4, 2, 2, 4, 6, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
-    assert seconds("elastic:staleness=1")[0] <= 1.02 * best
+    assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
 
 
 @pytest.mark.slow  # a search: it still finds cases like the one pinned above (1 in 5 runs in session 9)
@@ -127,10 +136,52 @@ def test_elastic_never_loses_on_long_tailed_traces_slow(case, steps):
 def test_known_counterexample_on_eight_engines_stays_within_its_measured_gap():
     """Found by a 25-case random sample of the slow search's strategy (session 10):
     longtail-small, seed 643550, 4 tasks x 2 samples per step, tp 4, 8 engines, turns x0.1,
-    6 steps. The best async (rollout_fraction 0.375) takes 605.1 s; elastic k=1 617.2 s,
-    2.0% slower (``train_share=0,train_within=0.4``: 622.0 s; ``isolate=false``: 617.2 s).
-    Why was not analysed. Do no harm does not hold here; this pins the gap so that it cannot
-    grow unnoticed (and passes the day it closes)."""
+    6 steps. The best async (rollout_fraction 0.375) takes 605.1 s. Elastic k=1 was 617.2 s,
+    2.0% slower, until session 11 (``hold=false``). Why: two trajectories of 350 s dominate;
+    each step's last one was trained on the trainer's reserved quarter (8 GPUs: 11.5 s for
+    53k tokens, against 3.6 s for the whole batch on async's 20), and that delay ran down the
+    chain of optimizer steps to the release of the batch holding the second long one, which
+    then finished 11 s later. With ``hold`` the trainer holds half the GPUs from the first
+    optimizer step on: 603.6 s, 0.2% ahead."""
     seconds = _case(643550, "longtail-small", 4, 2, 4, 8, 6, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
-    assert seconds("elastic:staleness=1")[0] <= 1.025 * best
+    assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
+
+
+def test_a_late_switch_report_no_longer_starves_the_trainer():
+    """Found by the slow search on session 11's first ``hold`` (longtail-small, seed 1285,
+    4 tasks x 2 samples per step, tp 4, 8 engines, turns x0.3, 6 steps): the best async
+    (rollout_fraction 0.25) takes 1048.7 s; elastic k=1 took 1087.9 s, 3.7% behind. Engines
+    coming back to rollout were idle on arrival and went on to the trainer before the
+    driver's RolesChanged(rollout) reached the policy, which then ended their switch to the
+    trainer too: the meter measured a 0 s switch and the trainer, expecting no GPUs, started a
+    244k-token micro-batch on its 4. With a late report ending only the switch to its own
+    role: 1046.6 s, 0.2% ahead (``hold=false``: 1043.7 s)."""
+    seconds = _case(1285, "longtail-small", 4, 2, 4, 8, 6, 0.3)
+    best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
+    assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
+
+
+def test_known_tool_heavy_counterexamples_on_three_gpus_stay_within_their_measured_gaps():
+    """Found by the slow search on session 11's final code, and there before it (measured on
+    the session's starting code 5f81839: 11,988.2 s and 7,346.1 s): tool-heavy, seed 105, 6
+    tasks x 8 samples per step, tp 1, 3 steps. On 3 engines the best async (rollout_fraction
+    0.5 to 0.75) takes 11,405.8 s and elastic k=1 11,973.9 s, 5.0% behind: its trainer
+    reserves one of the three GPUs (``train_share`` 0.25, at least one engine) while the
+    first of only three batches rolls out; ``train_share=0`` takes 9,290.6 s (18.5% ahead),
+    but that is not the default (training-heavy regime map points). ``hold`` does not engage
+    (a step's training is more than two switches on one GPU). On 2 engines (turns x0.1)
+    elastic k=0 is 7,309.7 s against colocated's 7,137.2 s, 2.4% behind -- the first k=0
+    case the search found. Why: elastic wins the first two steps (1,911 / 3,304 s against
+    2,088 / 3,634 s) but in the third, when one engine empties, it goes to the trainer and
+    the other holds the step's 8 live trajectories (early in their turns their KV is small,
+    under ``kv_limit``, and the cap is 24 an engine); they are the long tail (one task's
+    samples; the engines finished unevenly, loads [0, 8]), and decoding 8 at once instead of 4
+    an engine ends that rollout 492 s later than colocated's (stealing, which would spread
+    them, runs only when consolidation releases nothing). This pins both gaps so that they cannot grow unnoticed (and passes the
+    day they close)."""
+    seconds = _case(105, "tool-heavy", 6, 8, 1, 3, 3, 0.3)
+    best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
+    assert seconds("elastic:staleness=1")[0] <= 1.055 * best
+    seconds = _case(105, "tool-heavy", 6, 8, 1, 2, 3, 0.1)
+    assert seconds("elastic")[0] <= 1.03 * seconds("colocated")[0]
