@@ -79,3 +79,22 @@ def synthetic(n_traj: int, turns: int, tokens: float = 1.0, steps: int = 2, seed
     w = Workload.from_frame(df)
     ids_u = w.trajectory_ids
     return w, [[(t, t) for t in ids_u[s * n_traj:(s + 1) * n_traj]] for s in range(steps)]
+
+
+class FakeScript:
+    """A fake policy for tests: ``script(event, view)`` -> commands, nothing else (no state
+    of its own), with the staleness bound and ``defers`` declaration the test gives it."""
+
+    name = "fake-script"
+    params = ()
+
+    def __init__(self, script, *, staleness: int = 0, defers: bool = False) -> None:
+        self.script = script
+        self.max_staleness = staleness
+        self.defers = defers
+
+    def reset(self, view, rng) -> None:
+        pass
+
+    def on_event(self, event, view):
+        return list(self.script(event, view))

@@ -292,14 +292,7 @@ def small_runs(draw):
 @settings(max_examples=120 * HUNT, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(w=small_runs(), seed=st.integers(0, 2**31 - 1), cost=st.sampled_from(sorted(COSTS)))
 def test_no_random_legal_schedule_beats_the_bound(w, seed, cost):
-    df, steps, gpus, k = w
-    batches = [[(t, t) for t in s] for s in steps]
-    config = RunConfig(gpus=gpus, tp=1, steps=len(steps), check=True)
-    out = simulate(Workload.from_frame(df), batches, RandomLegal(seed, k), config, COSTS[cost],
-                   spec="random-legal")
-    assert out.result.complete and out.result.state.version == len(steps)
-    assert out.result.makespan >= out.lower_bound_seconds * (1 - 1e-9), (
-        f"beat the bound: {out.result.makespan} < {out.lower_bound_seconds}")
+    _assert_no_beat(w, RandomLegal(seed, w[3]), cost, "random-legal")
 
 
 @settings(max_examples=60 * HUNT, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -307,11 +300,15 @@ def test_no_random_legal_schedule_beats_the_bound(w, seed, cost):
 def test_no_random_deferring_schedule_beats_the_bound(w, seed, cost):
     # (deferring schedules get the whole-run bound; with empty optimizer steps legal, one
     # micro-batch may train several steps' trajectories: one reduction per version trained)
-    df, steps, gpus, k = w
+    _assert_no_beat(w, RandomDeferring(seed, w[3]), cost, "random-deferring")
+
+
+def _assert_no_beat(w, policy, cost: str, spec: str) -> None:
+    """One drawn run under ``policy``: it completes every step and no faster than its bound."""
+    df, steps, gpus, _k = w
     batches = [[(t, t) for t in s] for s in steps]
     config = RunConfig(gpus=gpus, tp=1, steps=len(steps), check=True)
-    out = simulate(Workload.from_frame(df), batches, RandomDeferring(seed, k), config, COSTS[cost],
-                   spec="random-deferring")
+    out = simulate(Workload.from_frame(df), batches, policy, config, COSTS[cost], spec=spec)
     assert out.result.complete and out.result.state.version == len(steps)
     assert out.result.makespan >= out.lower_bound_seconds * (1 - 1e-9), (
         f"beat the bound: {out.result.makespan} < {out.lower_bound_seconds}")

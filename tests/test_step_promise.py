@@ -44,28 +44,10 @@ from rlsched.sim.presets import default_cost
 from rlsched.sim.run import simulate
 from rlsched.sim.workload import Workload
 
-from simkit import HAND_COST, trace
+from simkit import HAND_COST, FakeScript, trace
 
 COST = replace(HAND_COST, optimizer_step_s=1.5, sync_latency_s=0.5)
 ROWS = [("t", "A", 0, 10, 6, 0.0), ("t", "B", 0, 10, 4, 0.0)]
-
-
-class FakeScript:
-    """A fake policy for these tests: ``script(event, view)`` -> commands."""
-
-    name = "fake-script"
-    params = ()
-
-    def __init__(self, script, *, staleness: int = 0, defers: bool = False) -> None:
-        self.script = script
-        self.max_staleness = staleness
-        self.defers = defers
-
-    def reset(self, view, rng) -> None:
-        pass
-
-    def on_event(self, event, view):
-        return list(self.script(event, view))
 
 
 def _run(rows, steps, policy, gpus=3):
