@@ -72,6 +72,27 @@ def _both_at_once(event, view):
     return []
 
 
+def _step_by_step(a_finished):
+    """One engine (GPU 0) and a trainer (GPU 1): step 0's A rolls out, ``a_finished(event)``
+    answers its end; once version 1 is synced, step 1's B rolls out and is trained."""
+    def script(event, view):
+        if isinstance(event, RunStarted):
+            return [Reassign((0,), Role.ROLLOUT), Reassign((1,), Role.TRAIN)]
+        if isinstance(event, RolesChanged) and event.gpus == (0,):
+            return [Dispatch(("A",), 0)]
+        if isinstance(event, TrajectoryFinished) and event.trajectory == "A":
+            return a_finished(event)
+        if isinstance(event, TrainStepFinished) and event.version == 1:
+            return [SyncWeights((0,))]
+        if isinstance(event, WeightsSynced) and event.version == 1:
+            return [Dispatch(("B",), 0)]
+        if isinstance(event, TrajectoryFinished) and event.trajectory == "B":
+            return [Train(("B",))]
+        return []
+
+    return script
+
+
 def test_training_a_later_step_early_is_refused_in_one_line():
     with pytest.raises(PolicyError) as err:
         _run(ROWS, [["A"], ["B"]], FakeScript(_both_at_once))
@@ -120,21 +141,11 @@ def test_an_empty_optimizer_step_is_legal_when_a_whole_step_was_dropped():
     # empty optimizer step moves to version 1, where step 1's B is trained. The run ends,
     # and the bound (whose chain charges a step with nothing to train its optimizer step)
     # holds.
-    def script(event, view):
-        if isinstance(event, RunStarted):
-            return [Reassign((0,), Role.ROLLOUT), Reassign((1,), Role.TRAIN)]
-        if isinstance(event, RolesChanged) and event.gpus == (0,):
-            return [Dispatch(("A",), 0)]
-        if isinstance(event, TrajectoryFinished) and event.trajectory == "A":
-            assert event.status is TrajStatus.INTERRUPTED
-            return [Drop(("A",)), OptimizerStep()]
-        if isinstance(event, TrainStepFinished) and event.version == 1:
-            return [SyncWeights((0,))]
-        if isinstance(event, WeightsSynced) and event.version == 1:
-            return [Dispatch(("B",), 0)]
-        if isinstance(event, TrajectoryFinished) and event.trajectory == "B":
-            return [Train(("B",))]
-        return []
+    def a_finished(event):
+        assert event.status is TrajStatus.INTERRUPTED
+        return [Drop(("A",)), OptimizerStep()]
+
+    script = _step_by_step(a_finished)
 
     def interrupting(event, view):
         cmds = script(event, view)
@@ -189,20 +200,7 @@ def test_the_run_check_re_reads_the_promise_from_the_trained_versions():
     from rlsched.sim.driver import SimDriver
     from rlsched.sim.invariants import check_result
 
-    def script(event, view):
-        if isinstance(event, RunStarted):
-            return [Reassign((0,), Role.ROLLOUT), Reassign((1,), Role.TRAIN)]
-        if isinstance(event, RolesChanged) and event.gpus == (0,):
-            return [Dispatch(("A",), 0)]
-        if isinstance(event, TrajectoryFinished) and event.trajectory == "A":
-            return [Train(("A",))]
-        if isinstance(event, TrainStepFinished) and event.version == 1:
-            return [SyncWeights((0,))]
-        if isinstance(event, WeightsSynced) and event.version == 1:
-            return [Dispatch(("B",), 0)]
-        if isinstance(event, TrajectoryFinished) and event.trajectory == "B":
-            return [Train(("B",))]
-        return []
+    script = _step_by_step(lambda event: [Train(("A",))])
 
     w = Workload.from_frame(trace(ROWS))
     driver = SimDriver(w, [[("A", "A")], [("B", "B")]], FakeScript(script), RunConfig(gpus=2, tp=1, steps=2),
