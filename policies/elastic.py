@@ -228,7 +228,6 @@ class Elastic(Configured):
         self._stolen: set[str] = set()  # trajectories an idle engine took (moved once only)
         self._stolen_to: dict[int, str] = {}  # engine -> the trajectory it took last
         self._cut_from: dict[int, frozenset[str]] = {}  # step -> its trajectories trained with step+1
-        self._step_tokens = 0  # tokens sent to micro-batches of the trainer's step
         self._hold = 0  # GPUs of the trainer's side of a held fixed split (0: none held)
 
     # ------------------------------------------------------------------ events
@@ -251,8 +250,7 @@ class Elastic(Configured):
                     self._meter.batch_done(info.step, view.now)
             case TrainStepFinished(version=v):
                 self._train_step, self._in_micro, self._opt_sent = v, 0, False
-                self._meter.step_trained(self._step_tokens)
-                self._step_tokens = 0
+                self._meter.step_trained()
                 self._hold = self._hold_gpus(view)
                 if v >= view.num_steps:
                     return []
@@ -576,7 +574,6 @@ class Elastic(Configured):
             if self._to_train and self._sooner_joined(view, len(tr.gpus), tokens):
                 return []  # (the GPUs' RolesChanged starts it on the larger trainer)
             self._in_micro += len(ready)
-            self._step_tokens += tokens
             self._meter.micro_batch_sent(len(tr.gpus), tokens, view.now)
             return [TrainMicroBatch(ready)]
         if self._open(view, s) == 0 and self._in_micro == self._size(view, s):
@@ -599,7 +596,6 @@ class Elastic(Configured):
         if not self._sooner_joined(view, len(tr.gpus), tokens, fresh):
             return trained
         self._in_micro -= len(mbs[0].trajectories)
-        self._step_tokens -= tokens
         self._meter.micro_batch_withdrawn()
         return [c for c in trained if c is not mbs[0]]
 

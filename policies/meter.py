@@ -21,6 +21,7 @@ class Meter:
         self._mb: tuple[float, int, int] | None = None  # (started, GPUs, tokens)
         self.train_gpu_s_per_token: float | None = None
         self.step_tokens: int | None = None  # tokens the last optimizer step trained
+        self._step_sent = 0  # tokens sent to micro-batches since the last optimizer step
         self._released: dict[int, float] = {}
         self.rollout_s: float | None = None
 
@@ -42,9 +43,12 @@ class Meter:
     def micro_batch_sent(self, gpus: int, tokens: int, now: float) -> None:
         """A micro-batch starts now (sent to an idle trainer) on ``gpus`` GPUs."""
         self._mb = (now, gpus, tokens)
+        self._step_sent += tokens
 
     def micro_batch_withdrawn(self) -> None:
         """The micro-batch just announced was not sent after all."""
+        if self._mb is not None:
+            self._step_sent -= self._mb[2]
         self._mb = None
 
     def micro_batch_done(self, now: float) -> None:
@@ -55,10 +59,12 @@ class Meter:
         if tokens > 0 and now > started:
             self.train_gpu_s_per_token = (now - started) * gpus / tokens
 
-    def step_trained(self, tokens: int) -> None:
-        """An optimizer step ended; its step trained ``tokens`` tokens."""
-        if tokens > 0:
-            self.step_tokens = tokens
+    def step_trained(self) -> None:
+        """An optimizer step ended: its step trained the tokens sent since the last one (an
+        empty step measures nothing: the last measured step stands)."""
+        if self._step_sent > 0:
+            self.step_tokens = self._step_sent
+        self._step_sent = 0
 
     def step_train_gpu_s(self) -> float | None:
         """GPU-seconds the last step's training took at the measured rate (``None`` until

@@ -14,12 +14,18 @@ from rlsched.policies.meter import Meter
 def test_the_meter_knows_a_steps_training_work_only_once_both_rate_and_step_were_seen():
     m = Meter()
     assert m.step_train_gpu_s() is None
-    m.step_trained(4000)
+    m.micro_batch_sent(gpus=2, tokens=4000, now=0.0)
+    m.step_trained()
     assert m.step_train_gpu_s() is None  # no micro-batch timed yet
     m.micro_batch_sent(gpus=2, tokens=1000, now=10.0)
     m.micro_batch_done(now=11.0)  # 2 GPU-s for 1000 tokens
-    assert m.step_train_gpu_s() == 4000 * 0.002
-    m.step_trained(0)  # (an empty step measures nothing: the last one stands)
+    assert m.step_train_gpu_s() == 4000 * 0.002  # (the last step's tokens, at the new rate)
+    m.micro_batch_sent(gpus=2, tokens=3000, now=11.0)
+    m.micro_batch_sent(gpus=2, tokens=500, now=12.0)
+    m.micro_batch_withdrawn()  # (not sent after all: not counted)
+    m.step_trained()
+    assert m.step_train_gpu_s() == (1000 + 3000) * 0.002
+    m.step_trained()  # (an empty step measures nothing: the last one stands)
     assert m.step_train_gpu_s() == 4000 * 0.002
 
 
@@ -33,7 +39,7 @@ def _step_one_trained(spec: str, step_tokens: int) -> tuple[list, object, object
     for t in st.batch(0):
         _finish(st, t)
     pol._train_step, pol._in_micro, pol._opt_sent = 0, 8, True
-    pol._step_tokens = step_tokens
+    pol._meter.micro_batch_sent(gpus=2, tokens=step_tokens, now=0.0)  # (step 0's training)
     pol._meter.train_gpu_s_per_token, pol._meter.switch_s = 0.001, 8.0
     for tid in st.batch(0):
         st.trajs[tid].in_micro_batch = True
@@ -73,7 +79,8 @@ def test_hold_false_and_staleness_0_never_hold():
     assert pol._hold == 0
     assert not [c for c in cmds if isinstance(c, Reassign) and c.role is Role.TRAIN]
     st, on_policy = _rolling_out(8, 1, 8, "elastic", steps=2)  # k=0: all train at a step's end
-    on_policy._meter.step_trained(4000)
+    on_policy._meter.micro_batch_sent(gpus=8, tokens=4000, now=0.0)
+    on_policy._meter.step_trained()
     on_policy._meter.train_gpu_s_per_token, on_policy._meter.switch_s = 0.001, 8.0
     assert on_policy._hold_gpus(st) == 0
 
@@ -90,7 +97,7 @@ def test_a_held_trainer_gives_back_what_is_above_its_side():
         st.roles[e] = Role.TRAIN
     pol._switching = 0
     pol._train_step, pol._in_micro, pol._opt_sent = 0, 8, True
-    pol._step_tokens = 4000
+    pol._meter.micro_batch_sent(gpus=2, tokens=4000, now=0.0)  # (step 0's training)
     pol._meter.train_gpu_s_per_token, pol._meter.switch_s, pol._meter.rollout_s = 0.001, 8.0, 50.0
     for tid in st.batch(0):
         st.trajs[tid].in_micro_batch = True
