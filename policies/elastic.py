@@ -218,6 +218,7 @@ class Elastic(Configured):
         self._switching = 0  # Reassign commands not yet reported by RolesChanged
         self._to_rollout: set[int] = set()  # GPUs sent to rollout, not yet there
         self._moving: set[int] = set()  # GPUs of Reassigns not yet reported by RolesChanged
+        self._sent_now: set[int] = set()  # GPUs of Reassigns sent in the decision under way
         self._to_train: dict[tuple[int, ...], float] = {}  # GPUs switching to train: issued at
         self._arrived = -1.0  # when the newest group that joined the trainer was sent
         self._queue = LateQueue()
@@ -233,6 +234,7 @@ class Elastic(Configured):
     # ------------------------------------------------------------------ events
     def on_event(self, event: Event, view: ClusterView) -> Sequence[Command]:
         cmds: list[Command] = []
+        self._sent_now.clear()
         match event:
             case RolesChanged(gpus=gpus, role=Role.ROLLOUT):
                 self._switching -= 1
@@ -334,6 +336,7 @@ class Elastic(Configured):
               drain: Drain = Drain.MIGRATE) -> list[Command]:
         self._switching += 1
         self._moving.update(gpus)
+        self._sent_now.update(gpus)
         if role is Role.ROLLOUT:
             self._to_rollout.update(gpus)
         elif role is Role.TRAIN:
@@ -417,11 +420,15 @@ class Elastic(Configured):
 
     def _coming(self, view: ClusterView) -> int:
         """GPUs on their way to rollout (switching, or in the trainer until its micro-batch
-        ends). One a failure took out of its switch never reports: it is forgotten here."""
+        ends). One a failure took out of its switch never reports: it is forgotten here. One
+        sent in this decision is still in its old role in the view and stays moving (else
+        consolidation, later in the same decision, could send it to the trainer again)."""
         on_way = (Role.SWITCHING, Role.TRAIN)
         failed = set(view.failed_gpus())
+        fresh = self._sent_now
         self._to_rollout = {g for g in self._to_rollout if view.role(g) in on_way and g not in failed}
-        self._moving = {g for g in self._moving if view.role(g) in on_way and g not in failed}
+        self._moving = {g for g in self._moving
+                        if (g in fresh or view.role(g) in on_way) and g not in failed}
         return len(self._to_rollout)
 
     def _min_version(self, step: int) -> int:
@@ -809,7 +816,14 @@ class Elastic(Configured):
         oldest = min(range(s, self._released), key=lambda x: (view.unfinished(x) == 0, x))
         if live >= self.config.tail * len(view.batch(oldest)) and not over and self.config.tail < 1.0:
             return []
-        ids = view.engines()
+        # (an engine sent to the trainer earlier in this decision, by _grow_to_hold, is still
+        # listed by the view, which does not change while the policy decides: not twice)
+        loads = view.engine_loads()
+        if self._moving:
+            loads = tuple(el for el in loads if self._moving.isdisjoint(view.engine_gpus(el[0])))
+        if not loads:
+            return []
+        ids = [e for e, _ in loads]
         cap = view.engine(ids[0]).kv_capacity
         by_load = math.ceil(live / self._cap)
         by_kv = math.ceil(totals.kv_used / (self.config.kv_limit * cap)) if cap else len(ids)
@@ -818,7 +832,7 @@ class Elastic(Configured):
             # tail frees; when none frees (no long tail: every engine still holds a few),
             # training would wait for the batch's end, where a fixed split trains as it goes.
             by_kv = 0
-        busy = sum(1 for _, load in view.engine_loads() if load)
+        busy = sum(1 for _, load in loads if load)
         keep = max(floor, min(busy, max(by_load, by_kv)))
         release = len(ids) - keep
         short = tr.min_gpus - len(tr.gpus)  # a trainer below its memory floor runs nothing
@@ -827,7 +841,7 @@ class Elastic(Configured):
         if release <= 0:
             return []
         # the least loaded go (of equal loads, the highest ids)
-        victims = sorted(view.engine_loads(), key=lambda el: (el[1], -el[0]))[:release]
+        victims = sorted(loads, key=lambda el: (el[1], -el[0]))[:release]
         gpus = tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
         if (self._ahead and floor and tr.gpus and short <= 0
                 and not self._gains(view, len(tr.gpus), len(gpus))):

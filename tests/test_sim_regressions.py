@@ -237,6 +237,19 @@ def test_run_is_never_below_its_lower_bound_by_rounding():
     assert out.result.makespan >= out.lower_bound_seconds * (1 - 1e-12)
 
 
+def test_held_split_grown_and_consolidated_in_one_decision_sends_no_gpu_twice():
+    """The last step's optimizer step ends after the run's rollout is over: ``hold`` grows
+    the trainer by an engine and consolidation, in the same decision, releases every engine
+    left. The view still lists the first as rolling out; it must not be sent again (found
+    by the property below in CI: 'Reassign of GPU 4, which is already switching')."""
+    spec = ("elastic:tail=0.0,pack=1.0,kv_limit=0.01,min_engines=1,drain=migrate,"
+            "staleness=1,train_share=0.25,micro=1")
+    w, batches = synthetic(7, 1, steps=2, seed=0)
+    out = sim(w, batches, spec, gpus=8, tp=2, cost=replace(COST, switch_s=8.0))
+    trained = [t for t in out.result.state.trajs.values() if t.status is TrajStatus.TRAINED]
+    assert len(trained) == sum(len(b) for b in batches)
+
+
 @st.composite
 def elastic_setups(draw):
     spec = ",".join([
