@@ -421,12 +421,14 @@ class Elastic(Configured):
     def _coming(self, view: ClusterView) -> int:
         """GPUs on their way to rollout (switching, or in the trainer until its micro-batch
         ends). One a failure took out of its switch never reports: it is forgotten here. One
-        sent in this decision is still in its old role in the view and stays moving (else
-        consolidation, later in the same decision, could send it to the trainer again)."""
+        sent in this decision is still in its old role in the view (rolling out, or idle
+        after a failure) and stays counted: else consolidation, later in the same decision,
+        could send it to the trainer again, and reclaim take engines for work it will take."""
         on_way = (Role.SWITCHING, Role.TRAIN)
         failed = set(view.failed_gpus())
         fresh = self._sent_now
-        self._to_rollout = {g for g in self._to_rollout if view.role(g) in on_way and g not in failed}
+        self._to_rollout = {g for g in self._to_rollout
+                            if (g in fresh or view.role(g) in on_way) and g not in failed}
         self._moving = {g for g in self._moving
                         if (g in fresh or view.role(g) in on_way) and g not in failed}
         return len(self._to_rollout)
