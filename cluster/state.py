@@ -325,7 +325,7 @@ class ClusterState:
         """(id, running + queued) of every active engine, ascending id: what routing and
         consolidation choose by, without an :class:`EngineInfo` per engine."""
         engines = self.engines_
-        return tuple((e, engines[e].load) for e in self._tally.active)
+        return tuple([(e, engines[e].load) for e in self._tally.active])  # (a list: faster)
 
     def trainer(self) -> TrainerInfo:
         return TrainerInfo(
