@@ -1,68 +1,5 @@
-"""``elastic``: move GPUs between rollout and training as the load shifts.
-
-A reconciliation loop: on every event the policy compares what the cluster does with
-what it should do, and issues only the difference. What it should do:
-
-* **Roll out what the weights allow, spread out, longest first.** Batch s may roll out
-  once engines hold weights s-k (``staleness`` k). Its trajectories wait in the policy's
-  own queue (:class:`~rlsched.policies.placement.LateQueue`) and are placed one by one on
-  the least loaded engine with room (``pack``), the longest predicted first
-  (:mod:`~rlsched.policies.predict`: the group's finished siblings and the trajectory's
-  own progress; nothing about the future). An engine that empties takes queued work.
-* **Train what has finished, as it finishes.** The trainer streams micro-batches of the
-  step it is on at its current width; the optimizer step follows the step's last one,
-  so with k=0 it is the step colocated would take, on the same trajectories.
-* **Give the trainer the GPUs rollout no longer needs, and only when it has work.** An
-  engine goes to training when the trainer has finished work waiting and the live
-  trajectories fit on the other engines without crowding them (``kv_limit``: decode on
-  an engine slows with every token of KV it holds, so the tail is never packed).
-* **Take GPUs back when a batch needs them.** When a new batch is released the engines
-  it needs for its spread come back from the trainer (as soon as its micro-batch ends);
-  with a backlog to train the trainer keeps enough GPUs to train it within
-  ``train_within`` of the last batch's rollout time (measured). With staleness k >= 1 a
-  trainer of ``train_share`` of the GPUs starts beside the rollout, as async's split does;
-  an empty trainer (``train_share=0``) that no freed engine reaches (a flat tail) gets
-  one anyway once as much has finished as still runs (``hedge``). ``train_share=0`` and a
-  shorter ``train_within`` (0.4: with staleness k the end of step s releases batch
-  s+k+1, so the trainer's backlog is on that chain) were 2-11% faster at five of the
-  elastic bench's six k=1 points but up to 23% slower on the regime map's long-sequence,
-  training-heavy points, so they are not the defaults.
-
-* **Hold a fixed split when moves cannot pay** (``hold``, staleness k >= 1): moving GPUs to
-  the trainer and back costs two role switches and saves at most part of a step's
-  training. Once a step's training, measured (its tokens at the measured GPU-seconds per
-  token), takes no longer on half the GPUs than those two switches (measured), elastic
-  holds a fixed split of half the engines in each role (the flat middle of async's sweep)
-  until a heavier step lifts it. Small clusters with few trajectories a step live here:
-  it closed the three no-harm counterexamples (2.3 / 1.0 / 2.0% behind the best async, now
-  1.0% behind / 2.8% / 0.2% ahead); it engaged at no point of the elastic bench (64 and 256
-  GPUs) nor the regime map.
-* **A micro-batch waits for GPUs on their way** (``join``): a micro-batch runs on the GPUs
-  the trainer has when it starts, so when a trajectory (typically the step's last, the
-  longest) would finish sooner on the trainer after the engines switching to it arrive,
-  at the measured rate and switch time, by more than half a switch, it waits for them.
-
-* **Spread the tail that is left** (``steal``): an engine kept in rollout with nothing to
-  do takes (``Move``) the trajectory predicted longest off an engine crowded with three
-  or more, instead of idling beside it; the driver charges the KV transfer.
-* **Isolate the tail** (``isolate``, on by default): once a step is down to its tail (at
-  most two unfinished trajectories per rollout engine), its live trajectories, predicted
-  longest first, each move once to the engine with the fewest live trajectories when
-  they would share it with fewer than their own: decode on an engine slows with every
-  sequence and KV token it holds, and with staleness a step's longest trajectory shares
-  its engine with two batches' bulk. Measured against ``isolate=false`` (simulated, the
-  elastic bench's six points and the regime map's twelve): at k=1 faster at five bench
-  points (by up to 11% on the growing preset), slower by 0.3% at the sixth and by at most
-  0.01% on the map; at k=0 faster at all six bench points (0.03-1.2%). It costs 0.7 points
-  on one small no-harm case (4 engines, 8 trajectories a step: 2.3% behind the best async
-  instead of 1.6%); ``isolate=false`` gives the earlier schedule.
-* **Cut the tail, if asked** (``cut``, staleness k >= 1 only): the step's optimizer step
-  need not wait for its last few trajectories; they are trained with the next step (and
-  batches are released one version later, so that stays within k).
-
-With k=0 this is colocated's schedule plus training that starts in the tail; with k >= 1
-batch s+1 is released the moment weights s+1-k exist and its rollout overlaps the
-training of batch s.
+"""``elastic``'s reconciliation loop: the :class:`Elastic` policy (the package's
+docstring gives the overview).
 """
 
 from __future__ import annotations
@@ -70,7 +7,6 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import ClassVar
 
 from rlsched.cluster.commands import (
@@ -92,14 +28,15 @@ from rlsched.cluster.events import (
     WorkerRecovered,
 )
 from rlsched.cluster.ids import Drain, Role, TrajStatus
-from rlsched.cluster.policy import Configured, param
+from rlsched.cluster.policy import Configured
 from rlsched.cluster.view import ClusterView, TrainerInfo
 
-from .common import back_to_rollout, idle_engines, usable
-from .meter import Meter
-from .placement import LateQueue, per_engine_cap
-from .predict import LengthPredictor
-from .registry import register
+from ..common import back_to_rollout, idle_engines, usable
+from ..meter import Meter
+from ..placement import LateQueue, per_engine_cap
+from ..predict import LengthPredictor
+from ..registry import register
+from .config import ElasticConfig
 
 # An engine is crowded, for stealing, from this many live trajectories on. Moving one of
 # two measured worse than leaving them (the transfer, and an engine busy that the trainer
@@ -121,64 +58,6 @@ _TAIL_PER_ENGINE = 2
 # at all six.
 _JOIN_MARGIN = 0.5
 _OPEN = (TrajStatus.PENDING, TrajStatus.QUEUED, TrajStatus.RUNNING, TrajStatus.INTERRUPTED)
-
-
-@dataclass(frozen=True)
-class ElasticConfig:
-    tail: float = param("float", 1.0, "hand engines to training only once fewer than this share "
-                        "of the oldest rolling step's trajectories are live (1: whenever an engine is not "
-                        "needed; 0: only once none is)", low=0.0, high=1.0)
-    pack: float = param("float", 1.0, "an engine holds at most this multiple of an even spread, "
-                        "over all engines, of the batches the staleness lets roll out at once (k+1)", low=0.1, high=64.0)
-    kv_limit: float = param("float", 0.05, "keep enough engines that each holds at most this share "
-                            "of its KV capacity (decode slows as KV grows: small keeps the tail fast)", low=0.01, high=1.0)
-    min_engines: int = param("int", 1, "never shrink rollout below this many engines while a "
-                             "step rolls out (once none does: none with staleness 0, one otherwise)", low=1, high=4096)
-    drain: str = param("choice", "migrate", "what in-flight trajectories on a released engine do", choices=tuple(d.value for d in Drain))
-    staleness: int = param("int", 0, "k: batch s may be generated by weights s-k (0: on-policy)", low=0, high=8, tunable=False)
-    train_share: float = param("float", 0.25, "with staleness >= 1: the share of GPUs the trainer "
-                               "starts with, and keeps when a new batch takes engines back while it has finished "
-                               "work to train, until its speed and a batch's rollout time were measured (0: it "
-                               "starts empty and forms from engines rollout frees)", low=0.0, high=0.95)
-    train_within: float = param("float", 1.0, "with staleness >= 1: once measured, the trainer keeps "
-                                "enough GPUs to train the finished work it holds within this share of the last "
-                                "batch's rollout time when a new batch takes engines back (its step's end "
-                                "releases the batch after next: small keeps that chain short)", low=0.01, high=4.0)
-    micro: int = param("int", 1, "trajectories per trainer GPU in one micro-batch (a "
-                       "micro-batch runs on the GPUs the trainer has when it starts)", low=1, high=4096)
-    order: str = param("choice", "longest", "which queued trajectory is placed first: the "
-                       "longest predicted (from finished siblings and own progress) or trace order", choices=("longest", "fifo"))
-    cut: float = param("float", 0.0, "with staleness k >= 1: once the trainer has trained every "
-                       "finished trajectory of its step and no more than this share of the step's "
-                       "trajectories are still live, the step goes ahead without them: they are cut from "
-                       "it (keeping every token; they go on generating) and trained with the next step, "
-                       "never cut twice. Batches are then released one version later (k-1 ahead), so a "
-                       "cut trajectory's oldest token stays within k of the version that trains it "
-                       "(0: never cut; ignored at staleness 0)", low=0.0, high=1.0)
-    cut_stop: bool = param("bool", False, "a cut trajectory is interrupted keeping its finished "
-                           "turns (the turn in progress is lost) and resumed, prefilled again, with the next "
-                           "step's batch once its weights exist, instead of running on")
-    hedge: bool = param("bool", True, "with staleness >= 1 and no GPU training: once the finished "
-                        "work waiting is as much as what still rolls out, an engine goes to the trainer even if "
-                        "the tail must be packed (past kv_limit) for it; without this, a flat tail frees no "
-                        "engine until the batch is nearly over and the finished work waits for it")
-    steal: bool = param("bool", True, "an idle rollout engine takes (Move) the live trajectory "
-                        "predicted longest from the most crowded engine holding three or more (its KV moves "
-                        "with it, charged by the driver), instead of idling while the tail shares an engine")
-    isolate: bool = param("bool", True, "once a rolling step has no more than two unfinished "
-                          "trajectories per rollout engine (its tail), each of its live ones, predicted longest "
-                          "first, moves (Move, once) to the engine with the fewest live trajectories if it "
-                          "would share that one with fewer than its own (decode slows with every sequence and "
-                          "KV token an engine holds); false: the tail stays where it runs")
-    hold: bool = param("bool", True, "with staleness >= 1: once a step's training, measured, "
-                       "takes no longer on half the GPUs than a role switch there and back (no move "
-                       "between the roles can repay its switches), hold a fixed split of half the engines "
-                       "in each role, as async does, until a later step measures otherwise or the run's "
-                       "last rollout is over; false: GPUs move whatever the measured cost")
-    join: bool = param("bool", True, "a micro-batch ready to train waits for GPUs on their way to "
-                       "the trainer when, at the measured training rate and switch time, it would finish "
-                       "sooner, by more than half a switch, on the larger trainer after they arrive (a "
-                       "micro-batch runs on the GPUs the trainer has when it starts); false: it starts at once")
 
 
 @register
