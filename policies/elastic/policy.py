@@ -12,7 +12,6 @@ from typing import ClassVar
 from rlsched.cluster.commands import (
     Command,
     Interrupt,
-    Move,
     OptimizerStep,
     Reassign,
     SyncWeights,
@@ -37,18 +36,8 @@ from ..placement import LateQueue, per_engine_cap
 from ..predict import LengthPredictor
 from ..registry import register
 from .config import ElasticConfig
+from .tail import TailSpreader
 
-# An engine is crowded, for stealing, from this many live trajectories on. Moving one of
-# two measured worse than leaving them (the transfer, and an engine busy that the trainer
-# could have had, on small long-tailed traces: the no-harm counterexample went from 1.7% to
-# 2.6% behind the best async with 2, 1.6% with 3; the bench's figures were the same).
-_CROWDED = 3
-# A rolling step is in its tail, for ``isolate``, once it has no more than this many
-# unfinished trajectories per rollout engine. Measured against no isolation (elastic bench,
-# six k=1 points; regime map, twelve): 1: bench -3.1..+0.8%, map up to +0.6%; 2: bench
-# -11.0..+0.3% (swe-seed 256), map -5.5..+0.01%; 3: bench -9.9..-0.6% but map +11.6% (qwen
-# 256 GPUs, tail 0.05). No trigger won everywhere; 2 loses least, and is the default.
-_TAIL_PER_ENGINE = 2
 # ``join`` waits for GPUs on their way only when that saves more than this share of a
 # (measured) switch: the rate is a mean per token (long sequences cost more per token) and
 # the switch the last one measured, so smaller predicted savings are within what the
@@ -105,8 +94,7 @@ class Elastic(Configured):
         self._cap = 1
         self._even = 1  # the cap of an even spread (pack=1): how many engines a batch needs
         self._meter = Meter()
-        self._stolen: set[str] = set()  # trajectories an idle engine took (moved once only)
-        self._stolen_to: dict[int, str] = {}  # engine -> the trajectory it took last
+        self._tail = TailSpreader(self._predictor)  # (steal, isolate: moves once each)
         self._cut_from: dict[int, frozenset[str]] = {}  # step -> its trajectories trained with step+1
         self._hold = 0  # GPUs of the trainer's side of a held fixed split (0: none held)
 
@@ -168,12 +156,20 @@ class Elastic(Configured):
         if not placed and not self._queue:  # let new work settle before releasing engines
             released = self._consolidate(view, tr)
             trained = self._withhold(view, tr, trained, released)
-            cmds += trained + (released or self._steal_tail(view))
+            cmds += trained + (released or self._steal(view))
         else:
             cmds += trained
         if self.config.isolate and isinstance(event, TrajectoryFinished | RolesChanged):
-            cmds += self._isolate_tail(view, cmds)
+            cmds += self._tail.isolate(view, self._rolling(), self._queue, self._ahead, cmds)
         return cmds
+
+    def _rolling(self) -> range:
+        """The steps whose trajectories may still roll out: the trainer's step (and the one
+        before it, whose cut tail it carries) up to the last released."""
+        return range(max(0, self._train_step - 1), self._released)
+
+    def _steal(self, view: ClusterView) -> list[Command]:
+        return self._tail.steal(view, self._rolling()) if self.config.steal else []
 
     def _arrive(self, gpus: tuple[int, ...], role: Role, view: ClusterView) -> None:
         """GPUs of a Reassign finished their switch to ``role``. A driver may report it
@@ -563,101 +559,6 @@ class Elastic(Configured):
         self._cut_from[s] = frozenset(live)
         self._meter.batch_done(s, view.now)
         return [Interrupt(live, keep_progress=True)] if self.config.cut_stop else []
-
-    # ---------------------------------------------------------------- stealing
-    def _steal_tail(self, view: ClusterView) -> list[Command]:
-        """``steal``: engines that stay in rollout with nothing to do (consolidation kept
-        them) each take the live trajectory predicted longest from the most crowded engine
-        that holds at least ``_CROWDED``: the tail then spreads out, where decode is fastest.
-        A trajectory is moved at most once (no ping-pong)."""
-        if not self.config.steal:
-            return []
-        loads = view.engine_loads()
-        live = (TrajStatus.QUEUED, TrajStatus.RUNNING)
-        # an engine that took a trajectory is not idle again until that one is over: its
-        # load shows the move only once the context has arrived, and two steals onto one
-        # engine (one landing, one in flight) would pile the tail up again
-        for e, t in list(self._stolen_to.items()):
-            if view.trajectory(t).status not in live:
-                del self._stolen_to[e]
-        idle = [e for e, load in loads
-                if load == 0 and e not in self._stolen_to and not view.engine(e).syncing]
-        if not idle or max((load for _, load in loads), default=0) < _CROWDED:
-            return []
-        by_engine: dict[int, list[tuple[float, str]]] = {}
-        for st in range(max(0, self._train_step - 1), self._released):
-            for t in view.batch(st):
-                info = view.trajectory(t)
-                if info.status in live and info.engine is not None and t not in self._stolen:
-                    rem = self._predictor.remaining(t, info.task_id, info.turns_done)
-                    by_engine.setdefault(info.engine, []).append((rem, t))
-        load = dict(loads)
-        out: list[Command] = []
-        for e in idle:
-            donors = [d for d in by_engine if load.get(d, 0) >= _CROWDED and by_engine[d]]
-            if not donors:
-                break
-            d = max(donors, key=lambda x: (load[x], -x))
-            by_engine[d].sort()
-            _, t = by_engine[d].pop()  # the longest predicted (ties: the highest id)
-            self._stolen.add(t)
-            self._stolen_to[e] = t
-            load[d] -= 1
-            out.append(Move((t,), engine=e))
-        return out
-
-    def _isolate_tail(self, view: ClusterView, sent: Sequence[Command]) -> list[Command]:
-        """``isolate``: a step in its tail (no more than ``_TAIL_PER_ENGINE`` unfinished
-        trajectories per rollout engine) spreads them out: each, predicted longest first, moves once to the engine
-        with the fewest live trajectories, if it would share that one with fewer than its
-        own (an engine's decode slows with every sequence and KV token it holds)."""
-        active = view.engine_loads()
-        steps = [st for st in range(max(0, self._train_step - 1), self._released)
-                 if not self._queue.pending(st) and 0 < view.unfinished(st) <= _TAIL_PER_ENGINE * len(active)]
-        if not steps or len(active) < 2:
-            return []  # (checked first: it is cheap, and most events are not in a tail)
-        leaving = {g for c in sent if isinstance(c, Reassign) for g in c.gpus}
-        moved = {t for c in sent if isinstance(c, Move) for t in c.trajectories}
-        infos = {e: view.engine(e) for e, _ in active}
-        loads = {e: load for e, load in active
-                 if not leaving.intersection(infos[e].gpus) and not infos[e].syncing}
-        for c in sent:
-            if isinstance(c, Move) and c.engine in loads:
-                loads[c.engine] += len(c.trajectories)
-        # A trajectory on engine e moves only to a load + 1 < loads[e], and every load is at
-        # least the lowest: an engine below lowest + 2 never sends one. Moves only narrow the
-        # spread, so with none at lowest + 2 nothing moves (the common, balanced case: without
-        # this check a seed-scale run, 2 trajectories per engine from the start, spent most of
-        # its time ranking and scanning here).
-        if len(loads) < 2:
-            return []
-        lowest = min(loads.values())
-        if max(loads.values()) < lowest + 2:
-            return []
-        live = (TrajStatus.QUEUED, TrajStatus.RUNNING)
-        out: list[Command] = []
-        for st in steps:
-            floor = self._min_version(st)
-            tail = [i for i in (view.trajectory(t) for t in view.batch(st))
-                    if i.status in live and i.engine is not None and i.id not in self._stolen
-                    and i.id not in moved]
-            ranked = sorted(((self._predictor.remaining(i.id, i.task_id, i.turns_done), i.id, i.engine)
-                             for i in tail), reverse=True)
-            for _, t, e in ranked:
-                if e not in loads or loads[e] < lowest + 2:
-                    continue  # (see above: no engine has room for it with fewer companions)
-                cands = [(load, x) for x, load in loads.items() if x != e and infos[x].version >= floor]
-                if not cands:
-                    continue
-                load, f = min(cands)
-                if load + 1 >= loads[e]:
-                    continue  # (no fewer companions there)
-                self._stolen.add(t)
-                loads[e] -= 1
-                loads[f] += 1
-                lowest = min(loads.values())
-                out.append(Move((t,), engine=f))
-        return out
 
     # ----------------------------------------------------------- consolidation
     def _consolidate(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
