@@ -36,6 +36,7 @@ from ..placement import LateQueue, per_engine_cap
 from ..predict import LengthPredictor
 from ..registry import register
 from .config import ElasticConfig
+from .cut import CutLedger
 from .tail import TailSpreader
 
 # ``join`` waits for GPUs on their way only when that saves more than this share of a
@@ -46,7 +47,6 @@ from .tail import TailSpreader
 # marginal waits whose effect cascades); with 0.5 (1 and 2 gave the same), 0-0.25% faster
 # at all six.
 _JOIN_MARGIN = 0.5
-_OPEN = (TrajStatus.PENDING, TrajStatus.QUEUED, TrajStatus.RUNNING, TrajStatus.INTERRUPTED)
 
 
 @register
@@ -95,7 +95,7 @@ class Elastic(Configured):
         self._even = 1  # the cap of an even spread (pack=1): how many engines a batch needs
         self._meter = Meter()
         self._tail = TailSpreader(self._predictor)  # (steal, isolate: moves once each)
-        self._cut_from: dict[int, frozenset[str]] = {}  # step -> its trajectories trained with step+1
+        self._cuts = CutLedger()  # what each step trains, given the tails cut (``cut``)
         self._hold = 0  # GPUs of the trainer's side of a held fixed split (0: none held)
 
     # ------------------------------------------------------------------ events
@@ -329,7 +329,7 @@ class Elastic(Configured):
         for s in range(max(0, self._train_step - 1), self._released):
             stopped = view.interrupted(s)
             if stopped:
-                cut = self._cut_from.get(s, ())
+                cut = self._cuts.cut_from(s)
                 self._queue.add(s, tuple(t for t in stopped if t not in cut), front=True)
                 # (a cut one resumes with the step that trains it, on its weights)
                 self._queue.add(s + 1, tuple(t for t in stopped if t in cut), front=True)
@@ -444,7 +444,7 @@ class Elastic(Configured):
             return []  # (sent to an idle trainer: its duration is measured)
         if any(t <= self._arrived for t in self._to_train.values()):
             return []  # GPUs sent with those that just joined end their switch now too: wait
-        ready = self._ready(view, s)
+        ready = self._cuts.ready(view, s)
         if ready:
             # A micro-batch runs on the GPUs the trainer has when it starts; GPUs that join
             # later wait for the next one, so micro-batches are small (one trajectory per
@@ -458,7 +458,7 @@ class Elastic(Configured):
             self._in_micro += len(ready)
             self._meter.micro_batch_sent(len(tr.gpus), tokens, view.now)
             return [TrainMicroBatch(ready)]
-        if self._open(view, s) == 0 and self._in_micro == self._size(view, s):
+        if self._cuts.unfinished(view, s, self._queue) == 0 and self._in_micro == self._cuts.size(view, s):
             self._opt_sent = True
             return [OptimizerStep()]
         return []
@@ -502,61 +502,19 @@ class Elastic(Configured):
                 return True
         return False
 
-    def _ready(self, view: ClusterView, s: int) -> tuple[str, ...]:
-        """Finished trajectories the trainer's step ``s`` trains and has not been sent: the
-        step's own, less those cut from it, and those cut from step s-1."""
-        cut, carried = self._cut_from.get(s, ()), self._cut_from.get(s - 1, ())
-        stopped = set(view.interrupted(s))
-        ready = tuple(t for t in view.finished(s) if t not in stopped and t not in cut)
-        if carried:
-            stopped = set(view.interrupted(s - 1))
-            ready += tuple(t for t in view.finished(s - 1) if t in carried and t not in stopped)
-        return ready
-
-    def _size(self, view: ClusterView, s: int) -> int:
-        """How many trajectories step ``s`` trains (its batch, less and plus the cut)."""
-        return len(view.batch(s)) - len(self._cut_from.get(s, ())) + len(self._cut_from.get(s - 1, ()))
-
-    def _open(self, view: ClusterView, s: int) -> int:
-        """Trajectories step ``s`` trains that have not finished (or wait to be placed)."""
-        n = view.unfinished(s) + self._queue.pending(s)
-        if self._cut_from.get(s) or self._cut_from.get(s - 1):
-            live = (TrajStatus.PENDING, TrajStatus.QUEUED, TrajStatus.RUNNING)
-            n -= sum(1 for t in self._cut_from.get(s, ()) if view.status(t) in live)
-            n += sum(1 for t in self._cut_from.get(s - 1, ()) if view.status(t) in live)
-        return n
-
     # ----------------------------------------------------------------- cutting
     def _cut_tail(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
-        """Cut the tail of the trainer's step (``cut``): when the trainer has trained all
-        of the step it can and only a few of its trajectories are still live, those few
-        are trained with the next step instead, so the optimizer step, the new weights and
-        the next batch's release do not wait for them. They are not stopped: they keep
-        their engine, KV and tokens and take the new weights with their engine (the
-        driver charges the sync as for every engine); with ``cut_stop`` they are
-        interrupted keeping their finished turns and resumed with the next step's batch
-        (APRIL / Kimi k1.5's partial rollout). Legal only if the version that
-        trains them (step+1) is within the staleness of their oldest token; one cut from
-        the previous step is never cut again (it is trained now)."""
+        """``cut`` the tail of the trainer's step (:meth:`CutLedger.cut`) once the trainer has
+        trained all of the step it can; with ``cut_stop`` the cut trajectories are
+        interrupted keeping their finished turns (resumed with the next step's batch)."""
         s = self._train_step
-        if (not self._cutting or s in self._cut_from or s + 1 >= view.num_steps
-                or s >= self._released or self._opt_sent):
+        if not self._cutting or s >= self._released or self._opt_sent:
             return []
-        if self._queue.pending(s) or self._ready(view, s) or tr.busy or tr.queued_micro_batches:
+        if self._queue.pending(s) or self._cuts.ready(view, s) or tr.busy or tr.queued_micro_batches:
             return []  # not all placed yet, or the trainer has work of the step: no hurry
-        batch = view.batch(s)
-        live = tuple(t for t in batch if view.status(t) in (TrajStatus.QUEUED, TrajStatus.RUNNING))
-        if not live or len(live) > self.config.cut * len(batch):
+        live = self._cuts.cut(view, s, self.config.cut, self.config.staleness, self._in_micro)
+        if not live:
             return []
-        carried = self._cut_from.get(s - 1, ())
-        if self._in_micro <= len(carried):
-            return []  # none of the step's own trained yet: a cut would move the whole step
-        if any(view.status(t) in _OPEN for t in carried):  # (interrupted: waits to resume)
-            return []  # the step waits for the tail it carries anyway: cutting gains nothing
-        oldest = min(view.trajectory(t).min_version for t in live)
-        if oldest >= 0 and s + 1 - oldest > self.config.staleness:
-            return []  # (batches are released so that this does not happen; a safety net)
-        self._cut_from[s] = frozenset(live)
         self._meter.batch_done(s, view.now)
         return [Interrupt(live, keep_progress=True)] if self.config.cut_stop else []
 
