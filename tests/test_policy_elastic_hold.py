@@ -21,8 +21,6 @@ def test_the_meter_knows_a_steps_training_work_only_once_both_rate_and_step_were
     m.micro_batch_done(now=11.0)  # 2 GPU-s for 1000 tokens
     assert m.step_train_gpu_s() == 4000 * 0.002  # (the last step's tokens, at the new rate)
     m.micro_batch_sent(gpus=2, tokens=3000, now=11.0)
-    m.micro_batch_sent(gpus=2, tokens=500, now=12.0)
-    m.micro_batch_withdrawn()  # (not sent after all: not counted)
     m.step_trained()
     assert m.step_train_gpu_s() == (1000 + 3000) * 0.002
     m.step_trained()  # (an empty step measures nothing: the last one stands)

@@ -38,15 +38,7 @@ from ..registry import register
 from .config import ElasticConfig
 from .cut import CutLedger
 from .tail import TailSpreader
-
-# ``join`` waits for GPUs on their way only when that saves more than this share of a
-# (measured) switch: the rate is a mean per token (long sequences cost more per token) and
-# the switch the last one measured, so smaller predicted savings are within what the
-# estimates miss. Measured on the elastic bench at k=1 (six points): with no margin, 2.7%
-# and 1.2% faster at shipped / swe-seed 64 but 0.8% slower at shipped 256 (each from
-# marginal waits whose effect cascades); with 0.5 (1 and 2 gave the same), 0-0.25% faster
-# at all six.
-_JOIN_MARGIN = 0.5
+from .training import MicroBatch, Training, switching_to_train
 
 
 @register
@@ -94,6 +86,7 @@ class Elastic(Configured):
         self._cap = 1
         self._even = 1  # the cap of an even spread (pack=1): how many engines a batch needs
         self._meter = Meter()
+        self._training = Training(self.config, self._meter)
         self._tail = TailSpreader(self._predictor)  # (steal, isolate: moves once each)
         self._cuts = CutLedger()  # what each step trains, given the tails cut (``cut``)
         self._hold = 0  # GPUs of the trainer's side of a held fixed split (0: none held)
@@ -148,17 +141,19 @@ class Elastic(Configured):
         cmds += self._reclaim(view, tr)
         cmds += self._cut_tail(view, tr)
         leaving = {g for c in cmds if isinstance(c, Reassign) and c.role is not Role.TRAIN for g in c.gpus}
-        trained: list[Command] = []
+        step: MicroBatch | OptimizerStep | None = None
         if not leaving or leaving.isdisjoint(tr.gpus):
             # (a micro-batch queued while the trainer's GPUs are being handed back would
             # start on whatever GPUs it gets later: wait until it has them)
-            trained = self._train(view, tr)
+            step = self._train(view, tr)
         if not placed and not self._queue:  # let new work settle before releasing engines
             released = self._consolidate(view, tr)
-            trained = self._withhold(view, tr, trained, released)
-            cmds += trained + (released or self._steal(view))
+            if isinstance(step, MicroBatch) and self._training.withhold(
+                    view, len(tr.gpus), step, released, self._to_train):
+                step = None  # (``join``: it starts when the engines released to it arrive)
+            cmds += self._trained(view, tr, step) + (released or self._steal(view))
         else:
-            cmds += trained
+            cmds += self._trained(view, tr, step)
         if self.config.isolate and isinstance(event, TrajectoryFinished | RolesChanged):
             cmds += self._tail.isolate(view, self._rolling(), self._queue, self._ahead, cmds)
         return cmds
@@ -181,7 +176,7 @@ class Elastic(Configured):
         if role is not Role.ROLLOUT:
             on_way.update(g for g in self._to_rollout if view.role(g) is Role.SWITCHING)
         for key in [k for k in self._to_train if arrived.intersection(k)]:
-            if role is not Role.TRAIN and self._switching_to_train(view, key):
+            if role is not Role.TRAIN and switching_to_train(view, key):
                 on_way.update(key)
                 continue
             # (a failure may have taken some of a group's GPUs: match by overlap)
@@ -190,13 +185,6 @@ class Elastic(Configured):
         if role is Role.ROLLOUT:
             self._to_rollout.difference_update(gpus)
         self._meter.switch_done(gpus, view.now, role)
-
-    @staticmethod
-    def _switching_to_train(view: ClusterView, key: tuple[int, ...]) -> bool:
-        """Is a group sent to the trainer still on its way (a GPU of it switching, not
-        failed)? A group a failure took out of its switch never reports its arrival."""
-        failed = set(view.failed_gpus())
-        return any(view.role(g) is Role.SWITCHING and g not in failed for g in key)
 
     def _refresh(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
         """New engines with weights older than the trainer's (a driver may load the weights
@@ -352,7 +340,7 @@ class Elastic(Configured):
         want = math.ceil(queued / min(self._cap, self._even)) - coming  # engines it still needs
         if want <= 0:
             return []
-        keep = self._trainer_keep(view) if self.config.staleness else 0
+        keep = self._training.keep(view, self._rolling()) if self.config.staleness else 0
         if self._hold:
             keep = self._hold  # a held split: the trainer keeps its side
         if not view.engines() and not coming:
@@ -387,120 +375,34 @@ class Elastic(Configured):
         sw = self._meter.switch_s
         return sw is None or seconds > 2.0 * sw
 
-    def _gains(self, view: ClusterView, have: int, add: int) -> bool:
-        """Does the trainer (``have`` GPUs) finish what is ready sooner by more than a
-        switch if ``add`` GPUs join it after their switch (measured times; before the
-        first micro-batch was timed, no: its own GPUs go first)?"""
-        sw = self._meter.switch_s
-        alone = self._ready_seconds(view, have)
-        if sw is None:
-            return alone > 0
-        if alone <= sw:
-            return False
-        joined = sw + (alone - sw) * have / (have + add)
-        return alone - joined > sw
-
-    def _ready_seconds(self, view: ClusterView, gpus: int) -> float:
-        """Seconds the trainer needs, on ``gpus`` GPUs, for the finished work it has not
-        been sent (measured rate; before the first micro-batch was timed, none: the
-        trainer's own GPUs go first, and the next event knows the rate)."""
-        rate = self._meter.train_gpu_s_per_token
-        if rate is None:
-            return 0.0
-        ready = [t for s in range(max(0, self._train_step - 1), self._released) for t in view.finished(s)]
-        return sum(view.trajectory(t).tokens for t in ready) * rate / max(1, gpus)
-
-    def _trainer_keep(self, view: ClusterView) -> int:
-        """GPUs the trainer keeps when a new batch takes engines back: enough to train its
-        backlog within ``train_within`` of the time the last batch's rollout took,
-        measured; ``train_share`` of the GPUs until both were measured. (1.0, the default,
-        sizes the trainer so that neither side waits for the other on average; with
-        staleness the trainer's step end releases a later batch, so its backlog is on the
-        critical chain, and 0.4 measured 2-8% faster at 5 of the elastic bench's 6 k=1
-        points -- but slower on the regime map's training-heavy points.)"""
-        ready = [t for s in range(max(0, self._train_step - 1), self._released) for t in view.finished(s)]
-        if not ready:
-            return 0
-        m = self._meter
-        if m.train_gpu_s_per_token is None or not m.rollout_s:
-            keep = round(self.config.train_share * view.num_gpus)
-        else:
-            tokens = sum(view.trajectory(t).tokens for t in ready)
-            within = self.config.train_within * m.rollout_s
-            keep = min(math.ceil(tokens * m.train_gpu_s_per_token / within), view.num_gpus - view.tp)
-        # a trainer kept at all is kept at its memory floor (below it, it runs nothing)
-        return max(keep, view.trainer().min_gpus) if keep > 0 else 0
-
     # ---------------------------------------------------------------- training
-    def _backlog(self, view: ClusterView) -> int:
-        """Finished trajectories the trainer has not been sent yet (its step and later)."""
-        return sum(len(view.finished(s)) for s in range(max(0, self._train_step - 1), self._released))
-
-    def _train(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
+    def _train(self, view: ClusterView, tr: TrainerInfo) -> MicroBatch | OptimizerStep | None:
+        """The trainer's next command for its step: a micro-batch of what has finished (sent
+        and counted by :meth:`_trained`, unless ``join`` withholds it), or the optimizer step
+        after the step's last (sent: consolidation, later in the decision, sees it)."""
         s = self._train_step
         if s >= view.num_steps or s >= self._released or self._opt_sent:
-            return []
+            return None
         if not tr.gpus or tr.queued_micro_batches or tr.busy:
-            return []  # (sent to an idle trainer: its duration is measured)
+            return None  # (sent to an idle trainer: its duration is measured)
         if any(t <= self._arrived for t in self._to_train.values()):
-            return []  # GPUs sent with those that just joined end their switch now too: wait
+            return None  # GPUs sent with those that just joined end their switch now too: wait
         ready = self._cuts.ready(view, s)
         if ready:
-            # A micro-batch runs on the GPUs the trainer has when it starts; GPUs that join
-            # later wait for the next one, so micro-batches are small (one trajectory per
-            # GPU by default): every GPU that arrives starts within one of them.
-            # While more GPUs are on their way to the trainer, one trajectory at a time, so
-            # they join within a fraction of one trajectory's training.
-            ready = ready[:1] if self._to_train else ready[:self.config.micro * len(tr.gpus)]
-            tokens = sum(view.trajectory(t).tokens for t in ready)
-            if self._to_train and self._sooner_joined(view, len(tr.gpus), tokens):
-                return []  # (the GPUs' RolesChanged starts it on the larger trainer)
-            self._in_micro += len(ready)
-            self._meter.micro_batch_sent(len(tr.gpus), tokens, view.now)
-            return [TrainMicroBatch(ready)]
+            return self._training.micro_batch(view, len(tr.gpus), ready, self._to_train)
         if self._cuts.unfinished(view, s, self._queue) == 0 and self._in_micro == self._cuts.size(view, s):
             self._opt_sent = True
-            return [OptimizerStep()]
-        return []
+            return OptimizerStep()
+        return None
 
-    def _withhold(self, view: ClusterView, tr: TrainerInfo, trained: list[Command],
-                  released: list[Command]) -> list[Command]:
-        """``join`` for engines released to the trainer in the same decision as a micro-batch
-        (the step's last trajectory finishing empties an engine): the micro-batch is taken
-        back, to start when they arrive, if it would finish sooner on them."""
-        if not any(isinstance(c, Reassign) and c.role is Role.TRAIN for c in released):
-            return trained
-        mbs = [c for c in trained if isinstance(c, TrainMicroBatch)]
-        if len(mbs) != 1:
-            return trained
-        tokens = sum(view.trajectory(t).tokens for t in mbs[0].trajectories)
-        fresh = frozenset(c.gpus for c in released if isinstance(c, Reassign) and c.role is Role.TRAIN)
-        if not self._sooner_joined(view, len(tr.gpus), tokens, fresh):
-            return trained
-        self._in_micro -= len(mbs[0].trajectories)
-        self._meter.micro_batch_withdrawn()
-        return [c for c in trained if c is not mbs[0]]
-
-    def _sooner_joined(self, view: ClusterView, gpus: int, tokens: int,
-                       fresh: frozenset[tuple[int, ...]] = frozenset()) -> bool:
-        """``join``: would a micro-batch of ``tokens`` finish sooner if it waited for the GPUs on
-        their way to the trainer (each group due a measured switch after it was sent) than
-        started now on the trainer's ``gpus``, by more than ``_JOIN_MARGIN`` of a switch?
-        Only groups still switching count (their arrival is reported: the wait ends), and
-        ``fresh`` ones, sent in this decision. (Unmeasured rate or switch: no.)"""
-        m = self._meter
-        rate, sw = m.train_gpu_s_per_token, m.switch_s
-        if not self.config.join or rate is None or sw is None or gpus <= 0:
-            return False
-        work = tokens * rate
-        now_end = view.now + work / gpus
-        joined = gpus
-        for sent, n in sorted((t, len(k)) for k, t in self._to_train.items()
-                              if k in fresh or self._switching_to_train(view, k)):
-            joined += n  # (a group still switching reports its arrival: the wait ends)
-            if max(view.now, sent + sw) + work / joined + _JOIN_MARGIN * sw < now_end:
-                return True
-        return False
+    def _trained(self, view: ClusterView, tr: TrainerInfo,
+                 step: MicroBatch | OptimizerStep | None) -> list[Command]:
+        """The command of :meth:`_train` that is sent; a micro-batch is counted here."""
+        if isinstance(step, MicroBatch):
+            self._in_micro += len(step.trajectories)
+            self._meter.micro_batch_sent(len(tr.gpus), step.tokens, view.now)
+            return [TrainMicroBatch(step.trajectories)]
+        return [step] if step is not None else []
 
     # ----------------------------------------------------------------- cutting
     def _cut_tail(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
@@ -547,7 +449,7 @@ class Elastic(Configured):
             return []  # a held split: the trainer grows to its side only (_grow_to_hold)
         if totals.engines <= floor:
             return []
-        if not (self._backlog(view) or (self._in_micro and over)):
+        if not (self._training.backlog(view, self._rolling()) or (self._in_micro and over)):
             return []  # nothing to train yet: freed GPUs would only wait
         if totals.engines_with_queue or totals.unbound:
             return []  # engines are saturated (KV full): shrinking would only lengthen queues
@@ -565,7 +467,8 @@ class Elastic(Configured):
         cap = view.engine(ids[0]).kv_capacity
         by_load = math.ceil(live / self._cap)
         by_kv = math.ceil(totals.kv_used / (self.config.kv_limit * cap)) if cap else len(ids)
-        if self.config.hedge and self._ahead and not tr.gpus and not self._moving and self._backlog(view) >= live:
+        if (self.config.hedge and self._ahead and not tr.gpus and not self._moving
+                and self._training.backlog(view, self._rolling()) >= live):
             # Do no harm: the trainer starts empty (train_share=0) and forms from engines the
             # tail frees; when none frees (no long tail: every engine still holds a few),
             # training would wait for the batch's end, where a fixed split trains as it goes.
@@ -582,7 +485,7 @@ class Elastic(Configured):
         victims = sorted(loads, key=lambda el: (el[1], -el[0]))[:release]
         gpus = tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
         if (self._ahead and floor and tr.gpus and short <= 0
-                and not self._gains(view, len(tr.gpus), len(gpus))):
+                and not self._training.gains(view, self._rolling(), len(tr.gpus), len(gpus))):
             # With staleness the engines must come back for the next batch: a move that
             # saves the trainer less than that switch back loses time (on-policy, every
             # engine goes to training at the step's end anyway: no extra switch).
