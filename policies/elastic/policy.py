@@ -37,8 +37,9 @@ from ..predict import LengthPredictor
 from ..registry import register
 from .config import ElasticConfig
 from .cut import CutLedger
+from .switches import Switches
 from .tail import TailSpreader
-from .training import MicroBatch, Training, switching_to_train
+from .training import MicroBatch, Training
 
 
 @register
@@ -75,17 +76,12 @@ class Elastic(Configured):
         self._train_step = 0  # batch the trainer is working on (= version it will produce - 1)
         self._in_micro = 0  # trajectories of _train_step sent to micro-batches
         self._opt_sent = False
-        self._switching = 0  # Reassign commands not yet reported by RolesChanged
-        self._to_rollout: set[int] = set()  # GPUs sent to rollout, not yet there
-        self._moving: set[int] = set()  # GPUs of Reassigns not yet reported by RolesChanged
-        self._sent_now: set[int] = set()  # GPUs of Reassigns sent in the decision under way
-        self._to_train: dict[tuple[int, ...], float] = {}  # GPUs switching to train: issued at
-        self._arrived = -1.0  # when the newest group that joined the trainer was sent
         self._queue = LateQueue()
         self._predictor = self._lengths()
         self._cap = 1
         self._even = 1  # the cap of an even spread (pack=1): how many engines a batch needs
         self._meter = Meter()
+        self._switches = Switches(self._meter)  # the Reassigns under way
         self._training = Training(self.config, self._meter)
         self._tail = TailSpreader(self._predictor)  # (steal, isolate: moves once each)
         self._cuts = CutLedger()  # what each step trains, given the tails cut (``cut``)
@@ -94,15 +90,13 @@ class Elastic(Configured):
     # ------------------------------------------------------------------ events
     def on_event(self, event: Event, view: ClusterView) -> Sequence[Command]:
         cmds: list[Command] = []
-        self._sent_now.clear()
+        self._switches.decision()
         match event:
             case RolesChanged(gpus=gpus, role=Role.ROLLOUT):
-                self._switching -= 1
-                self._arrive(gpus, Role.ROLLOUT, view)
+                self._switches.arrive(gpus, Role.ROLLOUT, view)
                 cmds += self._refresh(view, gpus)
             case RolesChanged(gpus=gpus, role=role):
-                self._switching -= 1
-                self._arrive(gpus, role, view)
+                self._switches.arrive(gpus, role, view)
             case MicroBatchFinished():
                 self._meter.micro_batch_done(view.now)
             case TrajectoryFinished(trajectory=t, status=st) if st in (TrajStatus.DONE, TrajStatus.TIMED_OUT):
@@ -124,7 +118,7 @@ class Elastic(Configured):
             back = idle_engines(view)  # failures left whole engines idle: roll out again
             if back and view.gpus_in(Role.ROLLOUT) + view.gpus_in(Role.TRAIN):
                 cmds += self._send(view, back, Role.ROLLOUT)
-        if self._switching == 0 and not view.gpus_in(Role.ROLLOUT) and not view.gpus_in(Role.TRAIN):
+        if self._switches.pending == 0 and not view.gpus_in(Role.ROLLOUT) and not view.gpus_in(Role.TRAIN):
             gpus = usable(view, Role.ROLLOUT)  # (every GPU, unless some failed)
             if gpus:  # start of the run: every GPU rolls out (with staleness, but a trainer)
                 return cmds + self._start(view, gpus)
@@ -135,7 +129,7 @@ class Elastic(Configured):
         cmds += grow
         placed = self._queue.place(view, self._cap, self._min_version,
                                    self._predictor.remaining if self.config.order == "longest" else None,
-                                   hold=self._coming(view) // view.tp,
+                                   hold=self._switches.coming(view) // view.tp,
                                    skip=frozenset(view.engine_of(g) for c in grow for g in c.gpus))
         cmds += placed
         cmds += self._reclaim(view, tr)
@@ -149,7 +143,7 @@ class Elastic(Configured):
         if not placed and not self._queue:  # let new work settle before releasing engines
             released = self._consolidate(view, tr)
             if isinstance(step, MicroBatch) and self._training.withhold(
-                    view, len(tr.gpus), step, released, self._to_train):
+                    view, len(tr.gpus), step, released, self._switches.to_train):
                 step = None  # (``join``: it starts when the engines released to it arrive)
             cmds += self._trained(view, tr, step) + (released or self._steal(view))
         else:
@@ -166,26 +160,6 @@ class Elastic(Configured):
     def _steal(self, view: ClusterView) -> list[Command]:
         return self._tail.steal(view, self._rolling()) if self.config.steal else []
 
-    def _arrive(self, gpus: tuple[int, ...], role: Role, view: ClusterView) -> None:
-        """GPUs of a Reassign finished their switch to ``role``. A driver may report it
-        after the policy sent the same GPUs on to another role (a new engine's EngineIdle
-        comes before its RolesChanged, and an idle engine may go to the trainer at once):
-        that second switch is still under way, so only what was sent to ``role`` ends."""
-        arrived = set(gpus)
-        on_way = set()  # (GPUs sent on to another role meanwhile: switching still)
-        if role is not Role.ROLLOUT:
-            on_way.update(g for g in self._to_rollout if view.role(g) is Role.SWITCHING)
-        for key in [k for k in self._to_train if arrived.intersection(k)]:
-            if role is not Role.TRAIN and switching_to_train(view, key):
-                on_way.update(key)
-                continue
-            # (a failure may have taken some of a group's GPUs: match by overlap)
-            self._arrived = max(self._arrived, self._to_train.pop(key))
-        self._moving.difference_update(g for g in gpus if g not in on_way)
-        if role is Role.ROLLOUT:
-            self._to_rollout.difference_update(gpus)
-        self._meter.switch_done(gpus, view.now, role)
-
     def _refresh(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
         """New engines with weights older than the trainer's (a driver may load the weights
         when the switch starts, and an optimizer step can end meanwhile) get a sync."""
@@ -197,15 +171,7 @@ class Elastic(Configured):
 
     def _send(self, view: ClusterView, gpus: tuple[int, ...], role: Role,
               drain: Drain = Drain.MIGRATE) -> list[Command]:
-        self._switching += 1
-        self._moving.update(gpus)
-        self._sent_now.update(gpus)
-        if role is Role.ROLLOUT:
-            self._to_rollout.update(gpus)
-        elif role is Role.TRAIN:
-            self._to_train[gpus] = view.now
-        self._meter.switch_sent(gpus, view.now, role)
-        return [Reassign(gpus, role, drain)]
+        return self._switches.send(view, gpus, role, drain)
 
     def _start(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
         """Every GPU rolls out; with staleness k >= 1 and ``train_share`` > 0 a trainer of
@@ -272,7 +238,7 @@ class Elastic(Configured):
         keeping at least ``min_engines`` rolling out."""
         if not self._hold or not tr.gpus:
             return []
-        have = sum(1 for g in tr.gpus if g not in self._to_rollout) + sum(len(k) for k in self._to_train)
+        have = sum(1 for g in tr.gpus if g not in self._switches.to_rollout) + sum(len(k) for k in self._switches.to_train)
         ids = view.engines()
         n = min((self._hold - have) // view.tp, len(ids) - self.config.min_engines)
         if n <= 0:
@@ -280,19 +246,6 @@ class Elastic(Configured):
         victims = sorted(view.engine_loads(), key=lambda el: (el[1], -el[0]))[:n]
         gpus = tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
         return self._send(view, gpus, Role.TRAIN, Drain(self.config.drain))
-
-    def _coming(self, view: ClusterView) -> int:
-        """GPUs on their way to rollout (switching, or in the trainer until its micro-batch
-        ends). One a failure took out of its switch never reports: it is forgotten here. One
-        sent in this decision is still in its old role in the view and stays moving (else
-        consolidation, later in the same decision, could send it to the trainer again)."""
-        on_way = (Role.SWITCHING, Role.TRAIN)
-        failed = set(view.failed_gpus())
-        fresh = self._sent_now
-        self._to_rollout = {g for g in self._to_rollout if view.role(g) in on_way and g not in failed}
-        self._moving = {g for g in self._moving
-                        if (g in fresh or view.role(g) in on_way) and g not in failed}
-        return len(self._to_rollout)
 
     def _min_version(self, step: int) -> int:
         return step - self._ahead
@@ -330,13 +283,13 @@ class Elastic(Configured):
         queued = len(self._queue)  # what the engines up now could not take
         if queued <= 0:
             return []
-        stranded = not view.engines() and not self._coming(view)
+        stranded = not view.engines() and not self._switches.coming(view)
         if not stranded and self._meter.rollout_s is not None and not self._pays(self._meter.rollout_s):
             # a batch's rollout is over before an engine taken back would have paid for
             # its switch: the queue goes to the engines already rolling out
             self._cap = 1 << 30
             return []
-        coming = self._coming(view) // tp
+        coming = self._switches.coming(view) // tp
         want = math.ceil(queued / min(self._cap, self._even)) - coming  # engines it still needs
         if want <= 0:
             return []
@@ -346,7 +299,7 @@ class Elastic(Configured):
         if not view.engines() and not coming:
             keep = 0  # no engine rolls out: the queue would wait forever
         # (GPUs already sent away stay in TRAIN until their micro-batch ends: not twice)
-        free = tuple(g for g in tr.gpus if g not in self._moving)
+        free = tuple(g for g in tr.gpus if g not in self._switches.moving)
         spare = (len(free) - keep) // tp
         if spare <= 0:
             return []
@@ -385,11 +338,11 @@ class Elastic(Configured):
             return None
         if not tr.gpus or tr.queued_micro_batches or tr.busy:
             return None  # (sent to an idle trainer: its duration is measured)
-        if any(t <= self._arrived for t in self._to_train.values()):
+        if any(t <= self._switches.arrived for t in self._switches.to_train.values()):
             return None  # GPUs sent with those that just joined end their switch now too: wait
         ready = self._cuts.ready(view, s)
         if ready:
-            return self._training.micro_batch(view, len(tr.gpus), ready, self._to_train)
+            return self._training.micro_batch(view, len(tr.gpus), ready, self._switches.to_train)
         if self._cuts.unfinished(view, s, self._queue) == 0 and self._in_micro == self._cuts.size(view, s):
             self._opt_sent = True
             return OptimizerStep()
@@ -459,15 +412,15 @@ class Elastic(Configured):
         # (an engine sent to the trainer earlier in this decision, by _grow_to_hold, is still
         # listed by the view, which does not change while the policy decides: not twice)
         loads = view.engine_loads()
-        if self._moving:
-            loads = tuple(el for el in loads if self._moving.isdisjoint(view.engine_gpus(el[0])))
+        if self._switches.moving:
+            loads = tuple(el for el in loads if self._switches.moving.isdisjoint(view.engine_gpus(el[0])))
         if not loads:
             return []
         ids = [e for e, _ in loads]
         cap = view.engine(ids[0]).kv_capacity
         by_load = math.ceil(live / self._cap)
         by_kv = math.ceil(totals.kv_used / (self.config.kv_limit * cap)) if cap else len(ids)
-        if (self.config.hedge and self._ahead and not tr.gpus and not self._moving
+        if (self.config.hedge and self._ahead and not tr.gpus and not self._switches.moving
                 and self._training.backlog(view, self._rolling()) >= live):
             # Do no harm: the trainer starts empty (train_share=0) and forms from engines the
             # tail frees; when none frees (no long tail: every engine still holds a few),

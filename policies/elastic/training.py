@@ -24,6 +24,7 @@ from rlsched.cluster.view import ClusterView
 
 from ..meter import Meter
 from .config import ElasticConfig
+from .switches import switching_to_train
 
 # ``join`` waits for GPUs on their way only when that saves more than this share of a
 # (measured) switch: the rate is a mean per token (long sequences cost more per token) and
@@ -41,13 +42,6 @@ class MicroBatch:
 
     trajectories: tuple[str, ...]
     tokens: int
-
-
-def switching_to_train(view: ClusterView, key: tuple[int, ...]) -> bool:
-    """Is a group sent to the trainer still on its way (a GPU of it switching, not
-    failed)? A group a failure took out of its switch never reports its arrival."""
-    failed = set(view.failed_gpus())
-    return any(view.role(g) is Role.SWITCHING and g not in failed for g in key)
 
 
 class Training:
