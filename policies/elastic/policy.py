@@ -37,13 +37,14 @@ from ..predict import LengthPredictor
 from ..registry import register
 from .config import ElasticConfig
 from .cut import CutLedger
+from .hold import FixedSplit
 from .switches import Switches
 from .tail import TailSpreader
 from .training import MicroBatch, Training
 
 
 @register
-class Elastic(Configured):
+class Elastic(FixedSplit, Configured):
     name: ClassVar[str] = "elastic"
     Config = ElasticConfig
     config: ElasticConfig
@@ -185,67 +186,6 @@ class Elastic(Configured):
             return self._send(view, gpus, Role.ROLLOUT)
         return self._send(view, gpus[:len(gpus) - train], Role.ROLLOUT) + \
             self._send(view, gpus[len(gpus) - train:], Role.TRAIN)
-
-    def _reserve(self, view: ClusterView) -> int:
-        """GPUs (whole engines) the trainer starts with: ``train_share`` with staleness (at
-        least one engine, or its floor), or none with ``train_share=0`` (then the engines
-        rollout frees form it once there is work: on short-sequence traces a reserved
-        trainer idled ~25% of the GPUs while the first batches rolled out, but where
-        training is heavy -- long sequences, a high memory floor -- starting without one
-        measured up to 23% slower, so 0.25 is the default)."""
-        if not self._ahead or view.num_steps < 2 or self.config.train_share == 0:
-            return 0
-        engines = view.num_gpus // view.tp
-        gpus = min(engines - 1, max(1, round(self.config.train_share * engines))) * view.tp
-        floor = view.trainer().min_gpus  # (a trainer below its memory floor runs nothing)
-        if gpus < floor:
-            gpus = math.ceil(floor / view.tp) * view.tp
-            if gpus > view.num_gpus - view.tp:
-                return 0  # no room for both: the trainer forms when the rollout frees it
-        return gpus
-
-    def _hold_gpus(self, view: ClusterView) -> int:
-        """``hold``: GPUs of the trainer's side of a fixed split to hold, or 0 to go on moving
-        GPUs. Moving GPUs to the trainer and back costs two role switches, and the most it
-        can save is part of a step's training; so once a step's training (its tokens at the
-        measured GPU-seconds per token) takes, on half the GPUs, no longer than those two
-        switches (measured), no move can repay itself. Elastic is then a fixed split, and of
-        the fixed splits it holds the middle one, half the engines (at least the trainer's
-        memory floor): async's makespan over its ``rollout_fraction`` is flat in the middle
-        and steep at the ends (a small long-tailed case, seed 1: 348.9 s at 0.25, 353.7 s at
-        0.5, 397.1 s at 0.75; seed 16: 410.2 / 405.1 / 435.7 s), and this regime is the one
-        whose rollout is the tail's latency rather than its GPUs. Measured after each
-        optimizer step from this run's events only (the workload drifts: a heavier step lifts
-        the hold)."""
-        if not self.config.hold or not self._ahead or view.num_steps < 2:
-            return 0
-        m = self._meter
-        work = m.step_train_gpu_s()
-        engines = view.num_gpus // view.tp
-        if work is None or m.switch_s is None or engines < 2:
-            return 0
-        half = engines // 2 * view.tp
-        floor = view.trainer().min_gpus
-        if half < floor:
-            half = math.ceil(floor / view.tp) * view.tp
-            if half > view.num_gpus - view.tp:
-                return 0  # no room for both sides: nothing to hold
-        return half if work / half <= 2.0 * m.switch_s else 0
-
-    def _grow_to_hold(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
-        """A held split whose trainer is short of its side by whole engines takes them from
-        rollout, the least loaded first (their live trajectories migrate with ``drain``),
-        keeping at least ``min_engines`` rolling out."""
-        if not self._hold or not tr.gpus:
-            return []
-        have = sum(1 for g in tr.gpus if g not in self._switches.to_rollout) + sum(len(k) for k in self._switches.to_train)
-        ids = view.engines()
-        n = min((self._hold - have) // view.tp, len(ids) - self.config.min_engines)
-        if n <= 0:
-            return []
-        victims = sorted(view.engine_loads(), key=lambda el: (el[1], -el[0]))[:n]
-        gpus = tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
-        return self._send(view, gpus, Role.TRAIN, Drain(self.config.drain))
 
     def _min_version(self, step: int) -> int:
         return step - self._ahead
