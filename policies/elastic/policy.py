@@ -1,5 +1,34 @@
-"""``elastic``'s reconciliation loop: the :class:`Elastic` policy (the package's
-docstring gives the overview).
+"""``elastic``'s reconciliation loop, the :class:`Elastic` policy (the package's docstring
+gives the overview): on every event it compares what the cluster does with what it
+should do, and issues only the difference.
+
+* **Roll out what the weights allow, spread out, longest first.** Batch s may roll out
+  once engines hold weights s-k (``staleness`` k). Its trajectories wait in the policy's
+  own queue (:class:`~rlsched.policies.placement.LateQueue`) and are placed one by one on
+  the least loaded engine with room (``pack``), the longest predicted first
+  (:mod:`~rlsched.policies.predict`: the group's finished siblings and the trajectory's
+  own progress; nothing about the future). An engine that empties takes queued work.
+* **Give the trainer the GPUs rollout no longer needs, and only when it has work.** An
+  engine goes to training when the trainer has finished work waiting and the live
+  trajectories fit on the other engines without crowding them (``kv_limit``: decode on
+  an engine slows with every token of KV it holds, so the tail is never packed).
+* **Take GPUs back when a batch needs them.** When a new batch is released the engines
+  it needs for its spread come back from the trainer (as soon as its micro-batch ends);
+  with a backlog to train the trainer keeps enough GPUs to train it within
+  ``train_within`` of the last batch's rollout time (measured). With staleness k >= 1 a
+  trainer of ``train_share`` of the GPUs starts beside the rollout, as async's split does;
+  an empty trainer (``train_share=0``) that no freed engine reaches (a flat tail) gets
+  one anyway once as much has finished as still runs (``hedge``). ``train_share=0`` and a
+  shorter ``train_within`` (0.4: with staleness k the end of step s releases batch
+  s+k+1, so the trainer's backlog is on that chain) were 2-11% faster at five of the
+  elastic bench's six k=1 points but up to 23% slower on the regime map's long-sequence,
+  training-heavy points, so they are not the defaults.
+
+The loop owns the run's progress (batches released, the trainer's step and what of it
+was sent) and decides in a fixed order each event: release batches, requeue what was
+stopped, grow a held split (:mod:`.hold`), place queued work, reclaim trainer GPUs for it,
+cut the tail (:mod:`.cut`), train (:mod:`.training`), release engines to the trainer (or
+steal), isolate the tail (:mod:`.tail`).
 """
 
 from __future__ import annotations
