@@ -118,19 +118,24 @@ class TailSpreader:
                 if not queue.pending(st) and 0 < view.unfinished(st) <= _TAIL_PER_ENGINE * len(active)]
         if not tail or len(active) < 2:
             return []  # (checked first: it is cheap, and most events are not in a tail)
-        leaving = {g for c in sent if isinstance(c, Reassign) for g in c.gpus}
-        moved = frozenset(t for c in sent if isinstance(c, Move) for t in c.trajectories)
-        infos = {e: view.engine(e) for e, _ in active}
-        loads = {e: load for e, load in active
-                 if not leaving.intersection(infos[e].gpus) and not infos[e].syncing}
-        for c in sent:
+        loads = dict(active)
+        for c in sent:  # (moves made in this decision already count where they land)
             if isinstance(c, Move) and c.engine in loads:
                 loads[c.engine] += len(c.trajectories)
         # A trajectory on engine e moves only to a load + 1 < loads[e], and every load is at
         # least the lowest: an engine below lowest + 2 never sends one. Moves only narrow the
         # spread, so with none at lowest + 2 nothing moves (the common, balanced case: without
         # this check a seed-scale run, 2 trajectories per engine from the start, spent most of
-        # its time ranking and scanning here).
+        # its time ranking and scanning here). Checked over every engine first, before an
+        # EngineInfo is built for each (that cost half the policy's time at seed scale): the
+        # engines that may take part are some of them, so their spread is no wider.
+        if max(loads.values()) < min(loads.values()) + 2:
+            return []
+        leaving = {g for c in sent if isinstance(c, Reassign) for g in c.gpus}
+        moved = frozenset(t for c in sent if isinstance(c, Move) for t in c.trajectories)
+        infos = {e: view.engine(e) for e in loads}
+        loads = {e: load for e, load in loads.items()
+                 if not leaving.intersection(infos[e].gpus) and not infos[e].syncing}
         if len(loads) < 2:
             return []
         lowest = min(loads.values())
