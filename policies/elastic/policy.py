@@ -183,11 +183,12 @@ class Elastic(FixedSplit, Configured):
         return cmds
 
     def _rolling(self) -> range:
-        """The steps whose trajectories may still roll out: the trainer's step (and the one
-        before it, whose cut tail it carries) up to the last released."""
+        """The steps in flight, whose trajectories may still be placed, moved or trained: the
+        trainer's step (and the one before it, whose cut tail it carries) to the last released."""
         return range(max(0, self._train_step - 1), self._released)
 
     def _steal(self, view: ClusterView) -> list[Command]:
+        """``steal``: engines consolidation kept idle take work off crowded ones (:mod:`.tail`)."""
         return self._tail.steal(view, self._rolling()) if self.config.steal else []
 
     def _refresh(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
@@ -201,6 +202,7 @@ class Elastic(FixedSplit, Configured):
 
     def _send(self, view: ClusterView, gpus: tuple[int, ...], role: Role,
               drain: Drain = Drain.MIGRATE) -> list[Command]:
+        """The Reassign of ``gpus`` to ``role`` (the loop's one way to send one: recorded)."""
         return self._switches.send(view, gpus, role, drain)
 
     def _start(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
@@ -236,7 +238,7 @@ class Elastic(FixedSplit, Configured):
     def _requeue_interrupted(self, view: ClusterView) -> None:
         """Trajectories a drain or a failure stopped go back to the queue's front; they
         resume from their last finished turn (this policy trains no partial trajectory)."""
-        for s in range(max(0, self._train_step - 1), self._released):
+        for s in self._rolling():
             stopped = view.interrupted(s)
             if stopped:
                 cut = self._cuts.cut_from(s)
