@@ -373,7 +373,8 @@ class Elastic(FixedSplit, Configured):
             return []  # a held split: the trainer grows to its side only (_grow_to_hold)
         if totals.engines <= floor:
             return []
-        if not (self._training.backlog(view, self._rolling()) or (self._in_micro and over)):
+        steps = self._rolling()
+        if not (self._training.backlog(view, steps) or (self._in_micro and over)):
             return []  # nothing to train yet: freed GPUs would only wait
         if totals.engines_with_queue or totals.unbound:
             return []  # engines are saturated (KV full): shrinking would only lengthen queues
@@ -392,7 +393,7 @@ class Elastic(FixedSplit, Configured):
         by_load = math.ceil(live / self._cap)
         by_kv = math.ceil(totals.kv_used / (self.config.kv_limit * cap)) if cap else len(ids)
         if (self.config.hedge and self._ahead and not tr.gpus and not self._switches.moving
-                and self._training.backlog(view, self._rolling()) >= live):
+                and self._training.backlog(view, steps) >= live):
             # Do no harm: the trainer starts empty (train_share=0) and forms from engines the
             # tail frees; when none frees (no long tail: every engine still holds a few),
             # training would wait for the batch's end, where a fixed split trains as it goes.
@@ -409,7 +410,7 @@ class Elastic(FixedSplit, Configured):
         victims = sorted(loads, key=lambda el: (el[1], -el[0]))[:release]
         gpus = tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
         if (self._ahead and floor and tr.gpus and short <= 0
-                and not self._training.gains(view, self._rolling(), len(tr.gpus), len(gpus))):
+                and not self._training.gains(view, steps, len(tr.gpus), len(gpus))):
             # With staleness the engines must come back for the next batch: a move that
             # saves the trainer less than that switch back loses time (on-policy, every
             # engine goes to training at the step's end anyway: no extra switch).
