@@ -45,12 +45,6 @@ class Meter:
         self._mb = (now, gpus, tokens)
         self._step_sent += tokens
 
-    def micro_batch_withdrawn(self) -> None:
-        """The micro-batch just announced was not sent after all."""
-        if self._mb is not None:
-            self._step_sent -= self._mb[2]
-        self._mb = None
-
     def micro_batch_done(self, now: float) -> None:
         if self._mb is None:
             return

@@ -158,7 +158,7 @@ def test_a_new_batch_takes_back_the_engines_it_needs_and_the_trainer_keeps_the_r
             st.engines_[e].discard(t)
         st.remove_engine(e)
         st.roles[e] = Role.TRAIN
-    pol._switching = 0
+    pol._switches.pending = 0
     pol._train_step, pol._in_micro, pol._opt_sent = 0, 8, True
     for tid in st.batch(0):
         st.trajs[tid].in_micro_batch = True
@@ -192,7 +192,7 @@ def _backlog_then_release(spec: str) -> int:
             st.remove_engine(e)
             st.roles[e] = Role.TRAIN
     assert len(st.engines()) == 1 and len(st.gpus_in(Role.TRAIN)) == 7
-    pol._switching = 0
+    pol._switches.pending = 0
     pol._train_step, pol._in_micro, pol._opt_sent = 0, 8, True
     pol._meter.train_gpu_s_per_token, pol._meter.rollout_s = 0.01, 20.0
     for tid in st.batch(0):
@@ -290,9 +290,9 @@ def test_an_engine_that_opens_with_old_weights_is_synced():
     st.roles[g] = Role.ROLLOUT
     st.add_engine(EngineState(g, (g,), 0, 1000))  # opens holding version 0
     st.version = 1
-    pol._switching += 1
+    pol._switches.pending += 1
     cmds = pol.on_event(RolesChanged((g,), Role.ROLLOUT), st)
     assert SyncWeights((g,)) in cmds
     st.engines_[g].version = 1  # an engine already current is not synced again
-    pol._switching += 1
+    pol._switches.pending += 1
     assert not [c for c in pol.on_event(RolesChanged((g,), Role.ROLLOUT), st) if isinstance(c, SyncWeights)]

@@ -21,8 +21,6 @@ def test_the_meter_knows_a_steps_training_work_only_once_both_rate_and_step_were
     m.micro_batch_done(now=11.0)  # 2 GPU-s for 1000 tokens
     assert m.step_train_gpu_s() == 4000 * 0.002  # (the last step's tokens, at the new rate)
     m.micro_batch_sent(gpus=2, tokens=3000, now=11.0)
-    m.micro_batch_sent(gpus=2, tokens=500, now=12.0)
-    m.micro_batch_withdrawn()  # (not sent after all: not counted)
     m.step_trained()
     assert m.step_train_gpu_s() == (1000 + 3000) * 0.002
     m.step_trained()  # (an empty step measures nothing: the last one stands)
@@ -95,7 +93,7 @@ def test_a_held_trainer_gives_back_what_is_above_its_side():
     for e in [e for e in st.engines_ if e != 0]:
         st.remove_engine(e)
         st.roles[e] = Role.TRAIN
-    pol._switching = 0
+    pol._switches.pending = 0
     pol._train_step, pol._in_micro, pol._opt_sent = 0, 8, True
     pol._meter.micro_batch_sent(gpus=2, tokens=4000, now=0.0)  # (step 0's training)
     pol._meter.train_gpu_s_per_token, pol._meter.switch_s, pol._meter.rollout_s = 0.001, 8.0, 50.0
@@ -117,7 +115,7 @@ def _ready_while_gpus_join(spec: str, tokens: int) -> list:
     T0 finishes with ``tokens`` tokens: the commands."""
     st, pol = _rolling_out(8, 1, 8, spec, steps=3)
     pol._meter.train_gpu_s_per_token, pol._meter.switch_s = 0.001, 8.0
-    pol._to_train[(0, 1)] = 100.0
+    pol._switches.to_train[(0, 1)] = 100.0
     st.roles[0] = st.roles[1] = Role.SWITCHING
     st.advance(101.0)
     st.trajs["T0"].tokens = tokens
@@ -186,8 +184,8 @@ def test_a_late_report_of_a_switch_does_not_end_the_next_one():
     pol._send(st, (0,), Role.ROLLOUT)
     pol._send(st, (0,), Role.TRAIN)
     st.roles[0] = Role.SWITCHING
-    pol._arrive((0,), Role.ROLLOUT, st)
-    assert (0,) in pol._to_train and 0 in pol._moving
+    pol._switches.arrive((0,), Role.ROLLOUT, st)
+    assert (0,) in pol._switches.to_train and 0 in pol._switches.moving
     st.roles[0] = Role.TRAIN
-    pol._arrive((0,), Role.TRAIN, st)
-    assert (0,) not in pol._to_train and 0 not in pol._moving
+    pol._switches.arrive((0,), Role.TRAIN, st)
+    assert (0,) not in pol._switches.to_train and 0 not in pol._switches.moving

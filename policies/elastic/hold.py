@@ -1,0 +1,94 @@
+"""``elastic``'s fixed splits: the trainer's side when GPUs do not move between the roles.
+
+* **A reserved trainer** (``train_share``, staleness k >= 1): a trainer of that share of the
+  GPUs starts beside the rollout, as async's split does (:meth:`FixedSplit._reserve`).
+* **Hold a fixed split when moves cannot pay** (``hold``, staleness k >= 1): moving GPUs to
+  the trainer and back costs two role switches and saves at most part of a step's
+  training. Once a step's training, measured (its tokens at the measured GPU-seconds per
+  token), takes no longer on half the GPUs than those two switches (measured), elastic
+  holds a fixed split of half the engines in each role (the flat middle of async's sweep)
+  until a heavier step lifts it. Small clusters with few trajectories a step live here:
+  it closed the three no-harm counterexamples (2.3 / 1.0 / 2.0% behind the best async, now
+  1.0% behind / 2.8% / 0.2% ahead); it engaged at no point of the elastic bench (64 and 256
+  GPUs) nor the regime map.
+
+:class:`FixedSplit` is a mixin of :class:`~rlsched.policies.elastic.policy.Elastic`, not a
+collaborator like the policy's other parts: its three methods are the loop's own, moved
+here whole (their bodies as they were in ``policies/elastic.py``) while the hold is being
+reworked; they read the loop's ``config``, ``_ahead``, ``_meter``, ``_switches`` and
+``_hold`` (the GPUs of the held trainer side, set after each optimizer step from
+``_hold_gpus``) and send through its ``_send``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rlsched.cluster.commands import Command
+from rlsched.cluster.ids import Drain, Role
+from rlsched.cluster.view import ClusterView, TrainerInfo
+
+
+class FixedSplit:
+    """The trainer's side of a fixed split: reserved at the start, held when moves cannot pay."""
+
+    def _reserve(self, view: ClusterView) -> int:
+        """GPUs (whole engines) the trainer starts with: ``train_share`` with staleness (at
+        least one engine, or its floor), or none with ``train_share=0`` (then the engines
+        rollout frees form it once there is work: on short-sequence traces a reserved
+        trainer idled ~25% of the GPUs while the first batches rolled out, but where
+        training is heavy -- long sequences, a high memory floor -- starting without one
+        measured up to 23% slower, so 0.25 is the default)."""
+        if not self._ahead or view.num_steps < 2 or self.config.train_share == 0:
+            return 0
+        engines = view.num_gpus // view.tp
+        gpus = min(engines - 1, max(1, round(self.config.train_share * engines))) * view.tp
+        floor = view.trainer().min_gpus  # (a trainer below its memory floor runs nothing)
+        if gpus < floor:
+            gpus = math.ceil(floor / view.tp) * view.tp
+            if gpus > view.num_gpus - view.tp:
+                return 0  # no room for both: the trainer forms when the rollout frees it
+        return gpus
+
+    def _hold_gpus(self, view: ClusterView) -> int:
+        """``hold``: GPUs of the trainer's side of a fixed split to hold, or 0 to go on moving
+        GPUs. Moving GPUs to the trainer and back costs two role switches, and the most it
+        can save is part of a step's training; so once a step's training (its tokens at the
+        measured GPU-seconds per token) takes, on half the GPUs, no longer than those two
+        switches (measured), no move can repay itself. Elastic is then a fixed split, and of
+        the fixed splits it holds the middle one, half the engines (at least the trainer's
+        memory floor): async's makespan over its ``rollout_fraction`` is flat in the middle
+        and steep at the ends (a small long-tailed case, seed 1: 348.9 s at 0.25, 353.7 s at
+        0.5, 397.1 s at 0.75; seed 16: 410.2 / 405.1 / 435.7 s), and this regime is the one
+        whose rollout is the tail's latency rather than its GPUs. Measured after each
+        optimizer step from this run's events only (the workload drifts: a heavier step lifts
+        the hold)."""
+        if not self.config.hold or not self._ahead or view.num_steps < 2:
+            return 0
+        m = self._meter
+        work = m.step_train_gpu_s()
+        engines = view.num_gpus // view.tp
+        if work is None or m.switch_s is None or engines < 2:
+            return 0
+        half = engines // 2 * view.tp
+        floor = view.trainer().min_gpus
+        if half < floor:
+            half = math.ceil(floor / view.tp) * view.tp
+            if half > view.num_gpus - view.tp:
+                return 0  # no room for both sides: nothing to hold
+        return half if work / half <= 2.0 * m.switch_s else 0
+
+    def _grow_to_hold(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
+        """A held split whose trainer is short of its side by whole engines takes them from
+        rollout, the least loaded first (their live trajectories migrate with ``drain``),
+        keeping at least ``min_engines`` rolling out."""
+        if not self._hold or not tr.gpus:
+            return []
+        have = sum(1 for g in tr.gpus if g not in self._switches.to_rollout) + sum(len(k) for k in self._switches.to_train)
+        ids = view.engines()
+        n = min((self._hold - have) // view.tp, len(ids) - self.config.min_engines)
+        if n <= 0:
+            return []
+        victims = sorted(view.engine_loads(), key=lambda el: (el[1], -el[0]))[:n]
+        gpus = tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
+        return self._send(view, gpus, Role.TRAIN, Drain(self.config.drain))

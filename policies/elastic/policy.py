@@ -1,0 +1,418 @@
+"""``elastic``'s reconciliation loop, the :class:`Elastic` policy (the package's docstring
+gives the overview): on every event it compares what the cluster does with what it
+should do, and issues only the difference.
+
+* **Roll out what the weights allow, spread out, longest first.** Batch s may roll out
+  once engines hold weights s-k (``staleness`` k). Its trajectories wait in the policy's
+  own queue (:class:`~rlsched.policies.placement.LateQueue`) and are placed one by one on
+  the least loaded engine with room (``pack``), the longest predicted first
+  (:mod:`~rlsched.policies.predict`: the group's finished siblings and the trajectory's
+  own progress; nothing about the future). An engine that empties takes queued work.
+* **Give the trainer the GPUs rollout no longer needs, and only when it has work.** An
+  engine goes to training when the trainer has finished work waiting and the live
+  trajectories fit on the other engines without crowding them (``kv_limit``: decode on
+  an engine slows with every token of KV it holds, so the tail is never packed).
+* **Take GPUs back when a batch needs them.** When a new batch is released the engines
+  it needs for its spread come back from the trainer (as soon as its micro-batch ends);
+  with a backlog to train the trainer keeps enough GPUs to train it within
+  ``train_within`` of the last batch's rollout time (measured). With staleness k >= 1 a
+  trainer of ``train_share`` of the GPUs starts beside the rollout, as async's split does;
+  an empty trainer (``train_share=0``) that no freed engine reaches (a flat tail) gets
+  one anyway once as much has finished as still runs (``hedge``). ``train_share=0`` and a
+  shorter ``train_within`` (0.4: with staleness k the end of step s releases batch
+  s+k+1, so the trainer's backlog is on that chain) were 2-11% faster at five of the
+  elastic bench's six k=1 points but up to 23% slower on the regime map's long-sequence,
+  training-heavy points, so they are not the defaults.
+
+The loop owns the run's progress (batches released, the trainer's step and what of it
+was sent) and decides in a fixed order each event: release batches, requeue what was
+stopped, grow a held split (:mod:`.hold`), place queued work, reclaim trainer GPUs for it,
+cut the tail (:mod:`.cut`), train (:mod:`.training`), release engines to the trainer (or
+steal), isolate the tail (:mod:`.tail`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import ClassVar
+
+from rlsched.cluster.commands import (
+    Command,
+    Interrupt,
+    OptimizerStep,
+    Reassign,
+    SyncWeights,
+    TrainMicroBatch,
+)
+from rlsched.cluster.events import (
+    Event,
+    MicroBatchFinished,
+    RolesChanged,
+    TrainStepFinished,
+    TrajectoryFinished,
+    WeightsSynced,
+    WorkerRecovered,
+)
+from rlsched.cluster.ids import Drain, Role, TrajStatus
+from rlsched.cluster.policy import Configured
+from rlsched.cluster.view import ClusterView, TrainerInfo
+
+from ..common import back_to_rollout, idle_engines, usable
+from ..meter import Meter
+from ..placement import LateQueue, per_engine_cap
+from ..predict import LengthPredictor
+from ..registry import register
+from .config import ElasticConfig
+from .cut import CutLedger
+from .hold import FixedSplit
+from .switches import Switches
+from .tail import TailSpreader
+from .training import MicroBatch, Training
+
+
+@register
+class Elastic(FixedSplit, Configured):
+    name: ClassVar[str] = "elastic"
+    Config = ElasticConfig
+    config: ElasticConfig
+
+    @property
+    def max_staleness(self) -> int:
+        return self.config.staleness
+
+    @property
+    def _cutting(self) -> bool:
+        return self.config.cut > 0.0 and self.config.staleness >= 1
+
+    @property
+    def defers(self) -> bool:
+        """A cut trajectory of step s is trained with step s+1 (the bound is then weaker)."""
+        return self._cutting
+
+    @property
+    def _ahead(self) -> int:
+        """How many versions ahead of the trainer a batch is released: the staleness, less
+        the one version a cut trajectory may take to be trained."""
+        return self.config.staleness - 1 if self._cutting else self.config.staleness
+
+    def _lengths(self) -> LengthPredictor:
+        """The length predictor (the oracle reference overrides this)."""
+        return LengthPredictor()
+
+    def reset(self, view: ClusterView, rng: random.Random) -> None:
+        self._released = 0  # batches released to the queue
+        self._train_step = 0  # batch the trainer is working on (= version it will produce - 1)
+        self._in_micro = 0  # trajectories of _train_step sent to micro-batches
+        self._opt_sent = False
+        self._queue = LateQueue()
+        self._predictor = self._lengths()
+        self._cap = 1
+        self._even = 1  # the cap of an even spread (pack=1): how many engines a batch needs
+        self._meter = Meter()
+        self._switches = Switches(self._meter)  # the Reassigns under way
+        self._training = Training(self.config, self._meter)
+        self._tail = TailSpreader(self._predictor)  # (steal, isolate: moves once each)
+        self._cuts = CutLedger()  # what each step trains, given the tails cut (``cut``)
+        self._hold = 0  # GPUs of the trainer's side of a held fixed split (0: none held)
+
+    # ------------------------------------------------------------------ events
+    def on_event(self, event: Event, view: ClusterView) -> Sequence[Command]:
+        cmds: list[Command] = []
+        self._switches.decision()
+        match event:
+            case RolesChanged(gpus=gpus, role=Role.ROLLOUT):
+                self._switches.arrive(gpus, Role.ROLLOUT, view)
+                cmds += self._refresh(view, gpus)
+            case RolesChanged(gpus=gpus, role=role):
+                self._switches.arrive(gpus, role, view)
+            case MicroBatchFinished():
+                self._meter.micro_batch_done(view.now)
+            case TrajectoryFinished(trajectory=t, status=st) if st in (TrajStatus.DONE, TrajStatus.TIMED_OUT):
+                info = view.trajectory(t)
+                self._predictor.observe(info.task_id, info.turns_done)
+                if view.unfinished(info.step) == 0 and not self._queue.pending(info.step):
+                    self._meter.batch_done(info.step, view.now)
+            case TrainStepFinished(version=v):
+                self._train_step, self._in_micro, self._opt_sent = v, 0, False
+                self._meter.step_trained()
+                self._hold = self._hold_gpus(view)
+                if v >= view.num_steps:
+                    return []
+                if view.engines():
+                    cmds.append(SyncWeights())
+            case WeightsSynced():
+                pass
+        if isinstance(event, WorkerRecovered | RolesChanged) and view.gpus_in(Role.IDLE):
+            back = idle_engines(view)  # failures left whole engines idle: roll out again
+            if back and view.gpus_in(Role.ROLLOUT) + view.gpus_in(Role.TRAIN):
+                cmds += self._send(view, back, Role.ROLLOUT)
+        if self._switches.pending == 0 and not view.gpus_in(Role.ROLLOUT) and not view.gpus_in(Role.TRAIN):
+            gpus = usable(view, Role.ROLLOUT)  # (every GPU, unless some failed)
+            if gpus:  # start of the run: every GPU rolls out (with staleness, but a trainer)
+                return cmds + self._start(view, gpus)
+        tr = view.trainer()  # (the view does not change while the policy decides)
+        self._release_batches(view)
+        self._requeue_interrupted(view)
+        grow = self._grow_to_hold(view, tr)
+        cmds += grow
+        placed = self._queue.place(view, self._cap, self._min_version,
+                                   self._predictor.remaining if self.config.order == "longest" else None,
+                                   hold=self._switches.coming(view) // view.tp,
+                                   skip=frozenset(view.engine_of(g) for c in grow for g in c.gpus))
+        cmds += placed
+        cmds += self._reclaim(view, tr)
+        cmds += self._cut_tail(view, tr)
+        leaving = {g for c in cmds if isinstance(c, Reassign) and c.role is not Role.TRAIN for g in c.gpus}
+        step: MicroBatch | OptimizerStep | None = None
+        if not leaving or leaving.isdisjoint(tr.gpus):
+            # (a micro-batch queued while the trainer's GPUs are being handed back would
+            # start on whatever GPUs it gets later: wait until it has them)
+            step = self._train(view, tr)
+        if not placed and not self._queue:  # let new work settle before releasing engines
+            released = self._consolidate(view, tr)
+            if isinstance(step, MicroBatch) and self._training.withhold(
+                    view, len(tr.gpus), step, released, self._switches.to_train):
+                step = None  # (``join``: it starts when the engines released to it arrive)
+            cmds += self._trained(view, tr, step) + (released or self._steal(view))
+        else:
+            cmds += self._trained(view, tr, step)
+        if self.config.isolate and isinstance(event, TrajectoryFinished | RolesChanged):
+            cmds += self._tail.isolate(view, self._rolling(), self._queue, self._ahead, cmds)
+        return cmds
+
+    def _rolling(self) -> range:
+        """The steps in flight, whose trajectories may still be placed, moved or trained: the
+        trainer's step (and the one before it, whose cut tail it carries) to the last released."""
+        return range(max(0, self._train_step - 1), self._released)
+
+    def _steal(self, view: ClusterView) -> list[Command]:
+        """``steal``: engines consolidation kept idle take work off crowded ones (:mod:`.tail`)."""
+        return self._tail.steal(view, self._rolling()) if self.config.steal else []
+
+    def _refresh(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
+        """New engines with weights older than the trainer's (a driver may load the weights
+        when the switch starts, and an optimizer step can end meanwhile) get a sync."""
+        version = view.trainer().version
+        engines = view.engines()
+        stale = tuple(sorted({e for e in (view.engine_of(g) for g in gpus)
+                              if e in engines and view.engine(e).version < version}))
+        return [SyncWeights(stale)] if stale else []
+
+    def _send(self, view: ClusterView, gpus: tuple[int, ...], role: Role,
+              drain: Drain = Drain.MIGRATE) -> list[Command]:
+        """The Reassign of ``gpus`` to ``role`` (the loop's one way to send one: recorded)."""
+        return self._switches.send(view, gpus, role, drain)
+
+    def _start(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
+        """Every GPU rolls out; with staleness k >= 1 and ``train_share`` > 0 a trainer of
+        that share of the GPUs (whole engines) starts at once too, as the asynchronous
+        split does (GPUs that start in the trainer never pay a switch to get there later,
+        but idle until something has finished)."""
+        if not self._ahead or view.num_steps < 2:
+            return self._send(view, gpus, Role.ROLLOUT)
+        train = min(self._reserve(view), len(gpus) - view.tp)
+        if train <= 0:
+            return self._send(view, gpus, Role.ROLLOUT)
+        return self._send(view, gpus[:len(gpus) - train], Role.ROLLOUT) + \
+            self._send(view, gpus[len(gpus) - train:], Role.TRAIN)
+
+    def _min_version(self, step: int) -> int:
+        return step - self._ahead
+
+    # ----------------------------------------------------------------- rollout
+    def _release_batches(self, view: ClusterView) -> None:
+        """Queue every batch the trainer's weights allow (s - k <= version)."""
+        last = min(view.trainer().version + self._ahead, view.num_steps - 1)
+        while self._released <= last:
+            batch = view.batch(self._released)
+            self._queue.add(self._released, batch)
+            self._meter.batch_released(self._released, view.now)
+            in_flight = min(self._ahead + 1, view.num_steps)
+            engines = view.num_gpus // view.tp - (self._hold or self._reserve(view)) // view.tp
+            self._cap = per_engine_cap(len(batch) * in_flight, engines, self.config.pack)
+            self._even = per_engine_cap(len(batch) * in_flight, engines, 1.0)
+            self._released += 1
+
+    def _requeue_interrupted(self, view: ClusterView) -> None:
+        """Trajectories a drain or a failure stopped go back to the queue's front; they
+        resume from their last finished turn (this policy trains no partial trajectory)."""
+        for s in self._rolling():
+            stopped = view.interrupted(s)
+            if stopped:
+                cut = self._cuts.cut_from(s)
+                self._queue.add(s, tuple(t for t in stopped if t not in cut), front=True)
+                # (a cut one resumes with the step that trains it, on its weights)
+                self._queue.add(s + 1, tuple(t for t in stopped if t in cut), front=True)
+
+    def _reclaim(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
+        """Bring trainer GPUs back to rollout while queued work has no engine to go to."""
+        if not self._queue or not tr.gpus:
+            return []
+        tp = view.tp
+        queued = len(self._queue)  # what the engines up now could not take
+        if queued <= 0:
+            return []
+        stranded = not view.engines() and not self._switches.coming(view)
+        if not stranded and self._meter.rollout_s is not None and not self._pays(self._meter.rollout_s):
+            # a batch's rollout is over before an engine taken back would have paid for
+            # its switch: the queue goes to the engines already rolling out
+            self._cap = 1 << 30
+            return []
+        coming = self._switches.coming(view) // tp
+        want = math.ceil(queued / min(self._cap, self._even)) - coming  # engines it still needs
+        if want <= 0:
+            return []
+        keep = self._training.keep(view, self._rolling()) if self.config.staleness else 0
+        if self._hold:
+            keep = self._hold  # a held split: the trainer keeps its side
+        if not view.engines() and not coming:
+            keep = 0  # no engine rolls out: the queue would wait forever
+        # (GPUs already sent away stay in TRAIN until their micro-batch ends: not twice)
+        free = tuple(g for g in tr.gpus if g not in self._switches.moving)
+        spare = (len(free) - keep) // tp
+        if spare <= 0:
+            return []
+        n = spare if self._hold else min(spare, want)  # (a held split: back to its sides)
+        left = len(free) - n * tp
+        take = free[len(free) - n * tp:]
+        if 0 < left < tr.min_gpus:  # never shrink the trainer below its floor (refused)
+            if keep:
+                n = (len(free) - tr.min_gpus) // tp
+                if n <= 0:
+                    return []
+                take = free[len(free) - n * tp:]
+            else:  # empty it (GPUs short of a whole engine go IDLE: back_to_rollout)
+                take = free
+        rollout, idle = back_to_rollout(view, take)
+        out: list[Command] = []
+        if rollout:
+            out += self._send(view, rollout, Role.ROLLOUT)
+        if idle:
+            out += self._send(view, idle, Role.IDLE)
+        return out
+
+    def _pays(self, seconds: float) -> bool:
+        """Is moving GPUs for work of ``seconds`` worth a switch there and back (as far as
+        measured: before the first switch was timed, it is)?"""
+        sw = self._meter.switch_s
+        return sw is None or seconds > 2.0 * sw
+
+    # ---------------------------------------------------------------- training
+    def _train(self, view: ClusterView, tr: TrainerInfo) -> MicroBatch | OptimizerStep | None:
+        """The trainer's next command for its step: a micro-batch of what has finished (sent
+        and counted by :meth:`_trained`, unless ``join`` withholds it), or the optimizer step
+        after the step's last (sent: consolidation, later in the decision, sees it)."""
+        s = self._train_step
+        if s >= view.num_steps or s >= self._released or self._opt_sent:
+            return None
+        if not tr.gpus or tr.queued_micro_batches or tr.busy:
+            return None  # (sent to an idle trainer: its duration is measured)
+        if any(t <= self._switches.arrived for t in self._switches.to_train.values()):
+            return None  # GPUs sent with those that just joined end their switch now too: wait
+        ready = self._cuts.ready(view, s)
+        if ready:
+            return self._training.micro_batch(view, len(tr.gpus), ready, self._switches.to_train)
+        if self._cuts.unfinished(view, s, self._queue) == 0 and self._in_micro == self._cuts.size(view, s):
+            self._opt_sent = True
+            return OptimizerStep()
+        return None
+
+    def _trained(self, view: ClusterView, tr: TrainerInfo,
+                 step: MicroBatch | OptimizerStep | None) -> list[Command]:
+        """The command of :meth:`_train` that is sent; a micro-batch is counted here."""
+        if isinstance(step, MicroBatch):
+            self._in_micro += len(step.trajectories)
+            self._meter.micro_batch_sent(len(tr.gpus), step.tokens, view.now)
+            return [TrainMicroBatch(step.trajectories)]
+        return [step] if step is not None else []
+
+    # ----------------------------------------------------------------- cutting
+    def _cut_tail(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
+        """``cut`` the tail of the trainer's step (:meth:`CutLedger.cut`) once the trainer has
+        trained all of the step it can; with ``cut_stop`` the cut trajectories are
+        interrupted keeping their finished turns (resumed with the next step's batch)."""
+        s = self._train_step
+        if not self._cutting or s >= self._released or self._opt_sent:
+            return []
+        if self._queue.pending(s) or self._cuts.ready(view, s) or tr.busy or tr.queued_micro_batches:
+            return []  # not all placed yet, or the trainer has work of the step: no hurry
+        live = self._cuts.cut(view, s, self.config.cut, self.config.staleness, self._in_micro)
+        if not live:
+            return []
+        self._meter.batch_done(s, view.now)
+        return [Interrupt(live, keep_progress=True)] if self.config.cut_stop else []
+
+    # ----------------------------------------------------------- consolidation
+    def _consolidate(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
+        """Release engines the live trajectories do not need, if training can use them."""
+        if self._opt_sent:
+            return []
+        s = self._train_step
+        if s >= min(self._released, view.num_steps):
+            return []
+        totals = view.rollout_totals()  # (sums without an EngineInfo per engine per event)
+        if not totals.engines:
+            return []  # every engine failed (WorkerFailed): nothing to release
+        live = totals.live + totals.unbound  # (unpinned work waiting for any engine counts)
+        over = live == 0 and all(view.unfinished(x) == 0 for x in range(s, self._released))
+        # Rollout over and no GPU trains: unless an engine goes to the trainer now, nothing
+        # ever happens again. Training then gets at least one engine.
+        stuck = over and not tr.gpus
+        floor = self.config.min_engines
+        if over and self._released >= view.num_steps:
+            floor = 0  # nothing left to roll out in this run
+        elif over and self._ahead == 0 and not view.interrupted(s):
+            # On-policy and the step's rollout is over: no engine has anything to do until
+            # the optimizer step, so every GPU trains (as colocated does).
+            floor = 0
+        elif stuck:
+            floor = min(floor, totals.engines - 1)
+        if self._hold and not (over and self._released >= view.num_steps):
+            return []  # a held split: the trainer grows to its side only (_grow_to_hold)
+        if totals.engines <= floor:
+            return []
+        steps = self._rolling()
+        if not (self._training.backlog(view, steps) or (self._in_micro and over)):
+            return []  # nothing to train yet: freed GPUs would only wait
+        if totals.engines_with_queue or totals.unbound:
+            return []  # engines are saturated (KV full): shrinking would only lengthen queues
+        oldest = min(range(s, self._released), key=lambda x: (view.unfinished(x) == 0, x))
+        if live >= self.config.tail * len(view.batch(oldest)) and not over and self.config.tail < 1.0:
+            return []
+        # (an engine sent to the trainer earlier in this decision, by _grow_to_hold, is still
+        # listed by the view, which does not change while the policy decides: not twice)
+        loads = view.engine_loads()
+        if self._switches.moving:
+            loads = tuple(el for el in loads if self._switches.moving.isdisjoint(view.engine_gpus(el[0])))
+        if not loads:
+            return []
+        ids = [e for e, _ in loads]
+        cap = view.engine(ids[0]).kv_capacity
+        by_load = math.ceil(live / self._cap)
+        by_kv = math.ceil(totals.kv_used / (self.config.kv_limit * cap)) if cap else len(ids)
+        if (self.config.hedge and self._ahead and not tr.gpus and not self._switches.moving
+                and self._training.backlog(view, steps) >= live):
+            # Do no harm: the trainer starts empty (train_share=0) and forms from engines the
+            # tail frees; when none frees (no long tail: every engine still holds a few),
+            # training would wait for the batch's end, where a fixed split trains as it goes.
+            by_kv = 0
+        busy = sum(1 for _, load in loads if load)
+        keep = max(floor, min(busy, max(by_load, by_kv)))
+        release = len(ids) - keep
+        short = tr.min_gpus - len(tr.gpus)  # a trainer below its memory floor runs nothing
+        if short > 0 and release * view.tp < short:
+            return []  # the engines free now cannot lift it to its floor: they would idle
+        if release <= 0:
+            return []
+        # the least loaded go (of equal loads, the highest ids)
+        victims = sorted(loads, key=lambda el: (el[1], -el[0]))[:release]
+        gpus = tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
+        if (self._ahead and floor and tr.gpus and short <= 0
+                and not self._training.gains(view, steps, len(tr.gpus), len(gpus))):
+            # With staleness the engines must come back for the next batch: a move that
+            # saves the trainer less than that switch back loses time (on-policy, every
+            # engine goes to training at the step's end anyway: no extra switch).
+            return []
+        return self._send(view, gpus, Role.TRAIN, Drain(self.config.drain))

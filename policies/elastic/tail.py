@@ -1,0 +1,158 @@
+"""``elastic``'s tail: spreading the trajectories a step has left over the engines still
+rolling out, so the longest decode where it is fastest.
+
+* **Spread the tail that is left** (``steal``): an engine kept in rollout with nothing to
+  do takes (``Move``) the trajectory predicted longest off an engine crowded with three
+  or more, instead of idling beside it; the driver charges the KV transfer.
+* **Isolate the tail** (``isolate``, on by default): once a step is down to its tail (at
+  most two unfinished trajectories per rollout engine), its live trajectories, predicted
+  longest first, each move once to the engine with the fewest live trajectories when
+  they would share it with fewer than their own: decode on an engine slows with every
+  sequence and KV token it holds, and with staleness a step's longest trajectory shares
+  its engine with two batches' bulk. Measured against ``isolate=false`` (simulated, the
+  elastic bench's six points and the regime map's twelve): at k=1 faster at five bench
+  points (by up to 11% on the growing preset), slower by 0.3% at the sixth and by at most
+  0.01% on the map; at k=0 faster at all six bench points (0.03-1.2%). It costs 0.7 points
+  on one small no-harm case (4 engines, 8 trajectories a step: 2.3% behind the best async
+  instead of 1.6%); ``isolate=false`` gives the earlier schedule.
+
+Both move live trajectories of the rolling steps, ranked by the predicted remaining turns
+(:mod:`~rlsched.policies.predict`), and each trajectory moves at most once, by either (no
+ping-pong): :class:`TailSpreader` owns that ranking and that record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rlsched.cluster.commands import Command, Move, Reassign
+from rlsched.cluster.ids import TrajStatus
+from rlsched.cluster.view import ClusterView
+
+from ..placement import LateQueue
+from ..predict import LengthPredictor, OracleLengths
+
+# An engine is crowded, for stealing, from this many live trajectories on. Moving one of
+# two measured worse than leaving them (the transfer, and an engine busy that the trainer
+# could have had, on small long-tailed traces: the no-harm counterexample went from 1.7% to
+# 2.6% behind the best async with 2, 1.6% with 3; the bench's figures were the same).
+_CROWDED = 3
+# A rolling step is in its tail, for ``isolate``, once it has no more than this many
+# unfinished trajectories per rollout engine. Measured against no isolation (elastic bench,
+# six k=1 points; regime map, twelve): 1: bench -3.1..+0.8%, map up to +0.6%; 2: bench
+# -11.0..+0.3% (swe-seed 256), map -5.5..+0.01%; 3: bench -9.9..-0.6% but map +11.6% (qwen
+# 256 GPUs, tail 0.05). No trigger won everywhere; 2 loses least, and is the default.
+_TAIL_PER_ENGINE = 2
+_LIVE = (TrajStatus.QUEUED, TrajStatus.RUNNING)
+
+
+class TailSpreader:
+    """Moves live trajectories of the rolling steps off crowded engines (``steal``,
+    ``isolate``), each at most once."""
+
+    def __init__(self, predictor: LengthPredictor | OracleLengths) -> None:
+        self._predictor = predictor
+        self._moved: set[str] = set()  # trajectories moved already (never again)
+        self._stolen_to: dict[int, str] = {}  # engine -> the trajectory it took last (steal)
+
+    def _movable(self, view: ClusterView, step: int, skip: frozenset[str] = frozenset()
+                 ) -> list[tuple[float, str, int]]:
+        """(predicted remaining turns, id, engine) of ``step``'s live trajectories that are
+        on an engine and were never moved (nor are in ``skip``), in the batch's order."""
+        out = []
+        for i in (view.trajectory(t) for t in view.batch(step)):
+            if i.status in _LIVE and i.engine is not None and i.id not in self._moved and i.id not in skip:
+                out.append((self._predictor.remaining(i.id, i.task_id, i.turns_done), i.id, i.engine))
+        return out
+
+    def _move(self, t: str, src: int, dst: int, loads: dict[int, int]) -> Move:
+        """Move ``t`` from engine ``src`` to ``dst``, once: ``loads`` follows it."""
+        self._moved.add(t)
+        loads[src] -= 1
+        loads[dst] = loads.get(dst, 0) + 1
+        return Move((t,), engine=dst)
+
+    def steal(self, view: ClusterView, steps: range) -> list[Command]:
+        """``steal``: engines that stay in rollout with nothing to do (consolidation kept
+        them) each take the live trajectory predicted longest from the most crowded engine
+        that holds at least ``_CROWDED``: the tail then spreads out, where decode is fastest."""
+        loads = view.engine_loads()
+        # an engine that took a trajectory is not idle again until that one is over: its
+        # load shows the move only once the context has arrived, and two steals onto one
+        # engine (one landing, one in flight) would pile the tail up again
+        for e, t in list(self._stolen_to.items()):
+            if view.trajectory(t).status not in _LIVE:
+                del self._stolen_to[e]
+        idle = [e for e, load in loads
+                if load == 0 and e not in self._stolen_to and not view.engine(e).syncing]
+        if not idle or max((load for _, load in loads), default=0) < _CROWDED:
+            return []
+        by_engine: dict[int, list[tuple[float, str]]] = {}
+        for st in steps:
+            for rem, t, e in self._movable(view, st):
+                by_engine.setdefault(e, []).append((rem, t))
+        load = dict(loads)
+        out: list[Command] = []
+        for e in idle:
+            donors = [d for d in by_engine if load.get(d, 0) >= _CROWDED and by_engine[d]]
+            if not donors:
+                break
+            d = max(donors, key=lambda x: (load[x], -x))
+            by_engine[d].sort()
+            _, t = by_engine[d].pop()  # the longest predicted (ties: the highest id)
+            self._stolen_to[e] = t
+            out.append(self._move(t, d, e, load))  # (e, now at 1, is never a donor)
+        return out
+
+    def isolate(self, view: ClusterView, steps: range, queue: LateQueue, ahead: int,
+                sent: Sequence[Command]) -> list[Command]:
+        """``isolate``: a step in its tail (no more than ``_TAIL_PER_ENGINE`` unfinished
+        trajectories per rollout engine) spreads them out: each, predicted longest first,
+        moves once to the engine with the fewest live trajectories (holding weights recent
+        enough for its step: ``ahead`` versions behind it at most), if it would share that
+        one with fewer than its own (an engine's decode slows with every sequence and KV
+        token it holds). ``sent``: the commands of this decision so far (engines leaving
+        rollout take nothing; moves already made count)."""
+        active = view.engine_loads()
+        tail = [st for st in steps
+                if not queue.pending(st) and 0 < view.unfinished(st) <= _TAIL_PER_ENGINE * len(active)]
+        if not tail or len(active) < 2:
+            return []  # (checked first: it is cheap, and most events are not in a tail)
+        loads = dict(active)
+        for c in sent:  # (moves made in this decision already count where they land)
+            if isinstance(c, Move) and c.engine in loads:
+                loads[c.engine] += len(c.trajectories)
+        # A trajectory on engine e moves only to a load + 1 < loads[e], and every load is at
+        # least the lowest: an engine below lowest + 2 never sends one. Moves only narrow the
+        # spread, so with none at lowest + 2 nothing moves (the common, balanced case: without
+        # this check a seed-scale run, 2 trajectories per engine from the start, spent most of
+        # its time ranking and scanning here). Checked over every engine first, before an
+        # EngineInfo is built for each (that cost half the policy's time at seed scale): the
+        # engines that may take part are some of them, so their spread is no wider.
+        if max(loads.values()) < min(loads.values()) + 2:
+            return []
+        leaving = {g for c in sent if isinstance(c, Reassign) for g in c.gpus}
+        moved = frozenset(t for c in sent if isinstance(c, Move) for t in c.trajectories)
+        infos = {e: view.engine(e) for e in loads}
+        loads = {e: load for e, load in loads.items()
+                 if not leaving.intersection(infos[e].gpus) and not infos[e].syncing}
+        if len(loads) < 2:
+            return []
+        lowest = min(loads.values())
+        if max(loads.values()) < lowest + 2:
+            return []
+        out: list[Command] = []
+        for st in tail:
+            floor = st - ahead  # (the oldest weights the step may be generated by)
+            for _, t, e in sorted(self._movable(view, st, moved), reverse=True):
+                if e not in loads or loads[e] < lowest + 2:
+                    continue  # (see above: no engine has room for it with fewer companions)
+                cands = [(load, x) for x, load in loads.items() if x != e and infos[x].version >= floor]
+                if not cands:
+                    continue
+                load, f = min(cands)
+                if load + 1 >= loads[e]:
+                    continue  # (no fewer companions there)
+                out.append(self._move(t, e, f, loads))
+                lowest = min(loads.values())
+        return out

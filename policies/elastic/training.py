@@ -1,0 +1,148 @@
+"""``elastic``'s training side: what the trainer is sent, and how many GPUs its work is worth.
+
+* **Train what has finished, as it finishes.** The trainer streams micro-batches of the
+  step it is on at its current width; the optimizer step follows the step's last one,
+  so with k=0 it is the step colocated would take, on the same trajectories.
+* **A micro-batch waits for GPUs on their way** (``join``): a micro-batch runs on the GPUs
+  the trainer has when it starts, so when a trajectory (typically the step's last, the
+  longest) would finish sooner on the trainer after the engines switching to it arrive,
+  at the measured rate and switch time, by more than half a switch, it waits for them.
+
+Every figure comes from the policy's :class:`~rlsched.policies.meter.Meter` (event times of
+this run); before a figure was measured the answers here say so (no wait, no gain).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rlsched.cluster.commands import Command, Reassign
+from rlsched.cluster.ids import Role
+from rlsched.cluster.view import ClusterView
+
+from ..meter import Meter
+from .config import ElasticConfig
+from .switches import switching_to_train
+
+# ``join`` waits for GPUs on their way only when that saves more than this share of a
+# (measured) switch: the rate is a mean per token (long sequences cost more per token) and
+# the switch the last one measured, so smaller predicted savings are within what the
+# estimates miss. Measured on the elastic bench at k=1 (six points): with no margin, 2.7%
+# and 1.2% faster at shipped / swe-seed 64 but 0.8% slower at shipped 256 (each from
+# marginal waits whose effect cascades); with 0.5 (1 and 2 gave the same), 0-0.25% faster
+# at all six.
+_JOIN_MARGIN = 0.5
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """A micro-batch the trainer may be sent (the loop counts it only once it sends it)."""
+
+    trajectories: tuple[str, ...]
+    tokens: int
+
+
+class Training:
+    """The trainer's side of the policy's decisions, from the config and the meter; the
+    loop owns the step's progress and hands in what these answers depend on. ``steps``:
+    the steps whose finished trajectories the trainer has still to train."""
+
+    def __init__(self, config: ElasticConfig, meter: Meter) -> None:
+        self._config = config
+        self._meter = meter
+
+    def backlog(self, view: ClusterView, steps: range) -> int:
+        """Finished trajectories the trainer has not been sent yet (its step and later)."""
+        return sum(len(view.finished(s)) for s in steps)
+
+    def ready_seconds(self, view: ClusterView, steps: range, gpus: int) -> float:
+        """Seconds the trainer needs, on ``gpus`` GPUs, for the finished work it has not
+        been sent (measured rate; before the first micro-batch was timed, none: the
+        trainer's own GPUs go first, and the next event knows the rate)."""
+        rate = self._meter.train_gpu_s_per_token
+        if rate is None:
+            return 0.0
+        ready = [t for s in steps for t in view.finished(s)]
+        return sum(view.trajectory(t).tokens for t in ready) * rate / max(1, gpus)
+
+    def gains(self, view: ClusterView, steps: range, have: int, add: int) -> bool:
+        """Does the trainer (``have`` GPUs) finish what is ready sooner by more than a
+        switch if ``add`` GPUs join it after their switch (measured times; before the
+        first micro-batch was timed, no: its own GPUs go first)?"""
+        sw = self._meter.switch_s
+        alone = self.ready_seconds(view, steps, have)
+        if sw is None:
+            return alone > 0
+        if alone <= sw:
+            return False
+        joined = sw + (alone - sw) * have / (have + add)
+        return alone - joined > sw
+
+    def keep(self, view: ClusterView, steps: range) -> int:
+        """GPUs the trainer keeps when a new batch takes engines back: enough to train its
+        backlog within ``train_within`` of the time the last batch's rollout took,
+        measured; ``train_share`` of the GPUs until both were measured. (1.0, the default,
+        sizes the trainer so that neither side waits for the other on average; with
+        staleness the trainer's step end releases a later batch, so its backlog is on the
+        critical chain, and 0.4 measured 2-8% faster at 5 of the elastic bench's 6 k=1
+        points -- but slower on the regime map's training-heavy points.)"""
+        ready = [t for s in steps for t in view.finished(s)]
+        if not ready:
+            return 0
+        m = self._meter
+        if m.train_gpu_s_per_token is None or not m.rollout_s:
+            keep = round(self._config.train_share * view.num_gpus)
+        else:
+            tokens = sum(view.trajectory(t).tokens for t in ready)
+            within = self._config.train_within * m.rollout_s
+            keep = min(math.ceil(tokens * m.train_gpu_s_per_token / within), view.num_gpus - view.tp)
+        # a trainer kept at all is kept at its memory floor (below it, it runs nothing)
+        return max(keep, view.trainer().min_gpus) if keep > 0 else 0
+
+    def micro_batch(self, view: ClusterView, gpus: int, ready: tuple[str, ...],
+                    to_train: Mapping[tuple[int, ...], float]) -> MicroBatch | None:
+        """The next micro-batch of the ``ready`` trajectories for a trainer of ``gpus``
+        GPUs, or none while it waits (``join``) for the groups ``to_train`` (GPUs -> when
+        sent) on their way: their RolesChanged starts it on the larger trainer."""
+        # A micro-batch runs on the GPUs the trainer has when it starts; GPUs that join
+        # later wait for the next one, so micro-batches are small (one trajectory per
+        # GPU by default): every GPU that arrives starts within one of them.
+        # While more GPUs are on their way to the trainer, one trajectory at a time, so
+        # they join within a fraction of one trajectory's training.
+        ready = ready[:1] if to_train else ready[:self._config.micro * gpus]
+        tokens = sum(view.trajectory(t).tokens for t in ready)
+        if to_train and self.sooner_joined(view, gpus, tokens, to_train):
+            return None
+        return MicroBatch(ready, tokens)
+
+    def withhold(self, view: ClusterView, gpus: int, mb: MicroBatch, released: Sequence[Command],
+                 to_train: Mapping[tuple[int, ...], float]) -> bool:
+        """``join`` for engines ``released`` to the trainer in the same decision as ``mb``
+        (the step's last trajectory finishing empties an engine): does it wait, to start
+        when they arrive, because it would finish sooner on them?"""
+        fresh = frozenset(c.gpus for c in released if isinstance(c, Reassign) and c.role is Role.TRAIN)
+        return bool(fresh) and self.sooner_joined(view, gpus, mb.tokens, to_train, fresh)
+
+    def sooner_joined(self, view: ClusterView, gpus: int, tokens: int,
+                      to_train: Mapping[tuple[int, ...], float],
+                      fresh: frozenset[tuple[int, ...]] = frozenset()) -> bool:
+        """``join``: would a micro-batch of ``tokens`` finish sooner if it waited for the GPUs on
+        their way to the trainer (each group of ``to_train`` due a measured switch after it
+        was sent) than started now on the trainer's ``gpus``, by more than ``_JOIN_MARGIN``
+        of a switch? Only groups still switching count (their arrival is reported: the wait
+        ends), and ``fresh`` ones, sent in this decision. (Unmeasured rate or switch: no.)"""
+        m = self._meter
+        rate, sw = m.train_gpu_s_per_token, m.switch_s
+        if not self._config.join or rate is None or sw is None or gpus <= 0:
+            return False
+        work = tokens * rate
+        now_end = view.now + work / gpus
+        joined = gpus
+        for sent, n in sorted((t, len(k)) for k, t in to_train.items()
+                              if k in fresh or switching_to_train(view, k)):
+            joined += n  # (a group still switching reports its arrival: the wait ends)
+            if max(view.now, sent + sw) + work / joined + _JOIN_MARGIN * sw < now_end:
+                return True
+        return False
