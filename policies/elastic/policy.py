@@ -384,8 +384,9 @@ class Elastic(FixedSplit, Configured):
         # (an engine sent to the trainer earlier in this decision, by _grow_to_hold, is still
         # listed by the view, which does not change while the policy decides: not twice)
         loads = view.engine_loads()
-        if self._switches.moving:
-            loads = tuple(el for el in loads if self._switches.moving.isdisjoint(view.engine_gpus(el[0])))
+        if self._switches.sent_now:
+            gone = {view.engine_of(g) for g in self._switches.sent_now}
+            loads = tuple(el for el in loads if el[0] not in gone)
         if not loads:
             return []
         ids = [e for e, _ in loads]

@@ -77,12 +77,14 @@ class Switches:
     def coming(self, view: ClusterView) -> int:
         """GPUs on their way to rollout (switching, or in the trainer until its micro-batch
         ends). One a failure took out of its switch never reports: it is forgotten here. One
-        sent in this decision is still in its old role in the view and stays moving (else
-        consolidation, later in the same decision, could send it to the trainer again)."""
+        sent in this decision is still in its old role in the view (rolling out, or idle
+        after a failure) and stays counted: else consolidation, later in the same decision,
+        could send it to the trainer again, and reclaim take engines for work it will take."""
         on_way = (Role.SWITCHING, Role.TRAIN)
         failed = set(view.failed_gpus())
         fresh = self.sent_now
-        self.to_rollout = {g for g in self.to_rollout if view.role(g) in on_way and g not in failed}
+        self.to_rollout = {g for g in self.to_rollout
+                           if (g in fresh or view.role(g) in on_way) and g not in failed}
         self.moving = {g for g in self.moving
                        if (g in fresh or view.role(g) in on_way) and g not in failed}
         return len(self.to_rollout)
