@@ -100,6 +100,7 @@ from .meter import Meter
 from .placement import LateQueue, per_engine_cap
 from .predict import LengthPredictor
 from .registry import register
+from .split import work_in_flight
 
 # An engine is crowded, for stealing, from this many live trajectories on. Moving one of
 # two measured worse than leaving them (the transfer, and an engine busy that the trainer
@@ -406,8 +407,11 @@ class Elastic(Configured):
     def _grow_to_hold(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
         """A held split whose trainer is short of its side by whole engines takes them from
         rollout, the least loaded first (their live trajectories migrate with ``drain``),
-        keeping at least ``min_engines`` rolling out."""
-        if not self._hold or not tr.gpus:
+        keeping at least ``min_engines`` rolling out. An empty trainer grows too: a batch
+        released while no engine rolled out takes every GPU back (``_reclaim``), and a held
+        split, whose consolidation waits for this growth, would otherwise never train again
+        (a stall, found on a 2-engine trace with no length spread)."""
+        if not self._hold:
             return []
         have = sum(1 for g in tr.gpus if g not in self._to_rollout) + sum(len(k) for k in self._to_train)
         ids = view.engines()
@@ -442,10 +446,12 @@ class Elastic(Configured):
             batch = view.batch(self._released)
             self._queue.add(self._released, batch)
             self._meter.batch_released(self._released, view.now)
-            in_flight = min(self._ahead + 1, view.num_steps)
+            later = min(self._ahead, view.num_steps - 1 - self._released)
+            older = sum(view.unfinished(x) for x in range(max(0, self._train_step - 1), self._released))
+            work = work_in_flight(len(batch), self._ahead, later, older)
             engines = view.num_gpus // view.tp - (self._hold or self._reserve(view)) // view.tp
-            self._cap = per_engine_cap(len(batch) * in_flight, engines, self.config.pack)
-            self._even = per_engine_cap(len(batch) * in_flight, engines, 1.0)
+            self._cap = per_engine_cap(work, engines, self.config.pack)
+            self._even = per_engine_cap(work, engines, 1.0)
             self._released += 1
 
     def _requeue_interrupted(self, view: ClusterView) -> None:

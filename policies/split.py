@@ -1,0 +1,29 @@
+"""How many trajectories elastic spreads a batch's engines for: pure arithmetic on what
+the policy knows at a batch's release (no view, no commands), so the rule can be read,
+tested and argued on its own.
+"""
+
+from __future__ import annotations
+
+
+def work_in_flight(batch: int, ahead: int, later: int, older: int) -> int:
+    """Trajectories the rollout engines hold at once while a batch of ``batch`` rolls out,
+    the figure its per-engine cap spreads evenly: with a batch released ``ahead`` versions
+    ahead of the trainer, ``ahead + 1`` batches overlap in steady state (this one and
+    ``ahead`` others, older or released while it runs). Near the run's end fewer follow it
+    (``later`` < ``ahead``): then it is this batch, the ``later`` ones still to come, and the
+    ``older`` trajectories still unfinished -- not ``ahead + 1`` batches that no
+    longer exist.
+
+    Why: the cap sets how many engines a batch is spread over (``_reclaim`` takes back
+    ``queued / cap`` engines, consolidation keeps ``live / cap``). Counting batches that
+    will never come halves the spread of a staleness-1 run's last batch: measured on a
+    tool-heavy trace (3 single-GPU engines, 3 steps of 48 trajectories), its whole last
+    batch rolled out 47 on one engine while the trainer held the other two, 5.0% behind
+    the best fixed split; spread for the work there is, 13.8% ahead. A batch whose older
+    ones are still rolling out counts them, so the cap never drops below what is already
+    placed (on a trace with no length spread the last batch is placed beside the one
+    before it, as before)."""
+    if later >= ahead:
+        return batch * (ahead + 1)
+    return batch * (1 + max(0, later)) + older

@@ -1,0 +1,67 @@
+"""Elastic's spread of a batch near the run's end and its held split, without a driver
+(events in, commands out, on a real ClusterState): the last batch's per-engine cap counts
+the work that is actually in flight (not batches that will never come), and a held split
+whose trainer is empty still grows to its side instead of stalling."""
+
+from test_policy_elastic import _apply_dispatch, _finish, _rolling_out
+
+from rlsched.cluster.commands import Dispatch, Reassign
+from rlsched.cluster.events import TrainStepFinished, TrajectoryFinished
+from rlsched.cluster.ids import Role, TrajStatus
+from rlsched.policies.split import work_in_flight
+
+
+def test_work_in_flight_counts_only_batches_that_exist():
+    assert work_in_flight(48, ahead=1, later=1, older=0) == 96  # steady state: k+1 batches
+    assert work_in_flight(48, ahead=1, later=1, older=40) == 96  # (as before: unchanged)
+    assert work_in_flight(48, ahead=1, later=0, older=0) == 48  # the last batch, alone
+    assert work_in_flight(48, ahead=1, later=0, older=30) == 78  # ... beside the older tail
+    assert work_in_flight(8, ahead=2, later=1, older=3) == 19
+    assert work_in_flight(8, ahead=0, later=0, older=0) == 8  # on-policy: one batch
+
+
+def _last_batch_released(older_done: bool) -> tuple[list, object, object]:
+    """Staleness 1, 3 steps of 12 trajectories, 8 engines of 1 GPU (the trainer on 2,
+    ``train_share`` 0.25; ``hold=false``). Batch 0 was trained; batch 1 finished too
+    (``older_done``) or still rolls out: the commands at step 0's optimizer step's end,
+    which releases batch 2, the last."""
+    st, pol = _rolling_out(8, 1, 12, "elastic:staleness=1,hold=false", steps=3)
+    for t in st.batch(0) + (st.batch(1) if older_done else ()):
+        _finish(st, t)
+    pol._train_step, pol._in_micro, pol._opt_sent = 0, 12, True
+    for tid in st.batch(0):
+        st.trajs[tid].in_micro_batch = True
+    st.mark_trained(st.batch(0), 0)
+    st.version = 1
+    for es in st.engines_.values():
+        es.version = 1
+    return list(pol.on_event(TrainStepFinished(1), st)), st, pol
+
+
+def test_the_last_batch_alone_is_spread_for_itself_not_for_two_batches():
+    # 12 trajectories over the 6 rollout engines: 2 an engine (the cap for two batches
+    # in flight would be 4, and reclaim and consolidation would keep half the engines)
+    cmds, st, pol = _last_batch_released(older_done=True)
+    assert pol._cap == 2
+    _apply_dispatch(st, cmds)
+    assert max(load for _, load in st.engine_loads()) == 2
+    # batch 1 still rolling out (12 live): its trajectories count, the cap stays 4
+    _, _, pol = _last_batch_released(older_done=False)
+    assert pol._cap == 4
+
+
+def test_a_held_split_grows_an_empty_trainer():
+    # Staleness 1, no trainer (train_share=0), 8 engines of 1 GPU rolling out batches 0-1.
+    # A hold of 4 GPUs set at an optimizer step finds the trainer empty (a batch released
+    # while no engine rolled out took every GPU back): the next decision sends the four
+    # least loaded engines to it; before, it waited for consolidation, which a held split
+    # skips, and the run stalled
+    st, pol = _rolling_out(8, 1, 8, "elastic:staleness=1,train_share=0", steps=3)
+    assert not st.gpus_in(Role.TRAIN)
+    pol._hold = 4
+    _finish(st, "T0")
+    cmds = pol.on_event(TrajectoryFinished("T0", TrajStatus.DONE, 0), st)
+    (grow,) = [c for c in cmds if isinstance(c, Reassign)]
+    assert grow.role is Role.TRAIN and len(grow.gpus) == 4
+    assert st.engine_of(0) in {st.engine_of(g) for g in grow.gpus}  # (T0's engine: the least loaded)
+    assert not [c for c in cmds if isinstance(c, Dispatch)]  # (nothing queued to place)
