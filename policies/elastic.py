@@ -506,6 +506,20 @@ class Elastic(Configured):
                 take = free
         rollout, idle = back_to_rollout(view, take)
         out: list[Command] = []
+        if rollout and idle:
+            # Each Reassign must leave the trainer at its floor or empty. Emptying it takes
+            # two (whole engines to rollout, GPUs short of one idle): the one sent first must
+            # leave what the other takes at the floor; if neither order can, every GPU goes
+            # idle at once and whole engines roll out again from there (failures had left
+            # the trainer at its floor with GPUs whose partners had failed; found under the
+            # fingerprint's fault schedule, where either order was refused).
+            mine = set(tr.gpus)
+            for first, then in (((rollout, Role.ROLLOUT), (idle, Role.IDLE)),
+                                ((idle, Role.IDLE), (rollout, Role.ROLLOUT))):
+                left = sum(1 for g in then[0] if g in mine)
+                if left == 0 or left >= tr.min_gpus:
+                    return self._send(view, *first) + self._send(view, *then)
+            return self._send(view, tuple(sorted(g for g in rollout + idle if g in mine)), Role.IDLE)
         if rollout:
             out += self._send(view, rollout, Role.ROLLOUT)
         if idle:

@@ -1,13 +1,20 @@
 """Elastic's spread of a batch near the run's end and its held split, without a driver
 (events in, commands out, on a real ClusterState): the last batch's per-engine cap counts
 the work that is actually in flight (not batches that will never come), and a held split
-whose trainer is empty still grows to its side instead of stalling."""
+whose trainer is empty still grows to its side instead of stalling; a trainer emptied back
+to rollout after failures is never left below its memory floor by the first of two
+Reassigns."""
+
+import random
 
 from test_policy_elastic import _apply_dispatch, _finish, _rolling_out
 
 from rlsched.cluster.commands import Dispatch, Reassign
 from rlsched.cluster.events import TrainStepFinished, TrajectoryFinished
 from rlsched.cluster.ids import Role, TrajStatus
+from rlsched.cluster.legality import check as legality_check
+from rlsched.cluster.state import ClusterState
+from rlsched.policies import make_policy
 from rlsched.policies.split import work_in_flight
 
 
@@ -65,3 +72,33 @@ def test_a_held_split_grows_an_empty_trainer():
     assert grow.role is Role.TRAIN and len(grow.gpus) == 4
     assert st.engine_of(0) in {st.engine_of(g) for g in grow.gpus}  # (T0's engine: the least loaded)
     assert not [c for c in cmds if isinstance(c, Dispatch)]  # (nothing queued to place)
+
+
+def _stranded_trainer(train: tuple[int, ...], failed: tuple[int, ...], floor: int):
+    """4 engines of 2 GPUs; the trainer holds ``train`` (its memory floor ``floor``); the
+    ``failed`` GPUs are down, so some trainer GPUs have no whole engine to go back to; no
+    engine rolls out and a trajectory waits: the trainer is emptied back to rollout
+    (``_reclaim``). The commands."""
+    st = ClusterState(8, 2, [[("A", "t")]], max_staleness=0)
+    st.roles.assign(train, Role.TRAIN)
+    st.set_trainer_floor(floor, 2, why="hand floor")
+    for g in failed:
+        st.mark_failed(g)
+    pol = make_policy("elastic")
+    pol.reset(st, random.Random(0))
+    pol._queue.add(0, ("A",))
+    return st, pol._reclaim(st, st.trainer())
+
+
+def test_emptying_a_trainer_never_leaves_it_below_its_floor_between_two_reassigns():
+    # 0, 2, 3 at a floor of 2 (1 failed): engine (2, 3) rolls out, 0 goes idle. Rollout
+    # first would leave 0 alone, below the floor (refused: the fingerprint's fault run
+    # stopped on it); idle first leaves (2, 3), at the floor
+    st, cmds = _stranded_trainer((0, 2, 3), (1,), floor=2)
+    assert [(c.gpus, c.role) for c in cmds] == [((0,), Role.IDLE), ((2, 3), Role.ROLLOUT)]
+    legality_check(st, cmds[0])
+    # 0, 2, 3, 4 at a floor of 4 (1 and 5 failed): either order leaves 2 GPUs, below it --
+    # every trainer GPU goes idle in one Reassign, and whole engines roll out from there
+    st, cmds = _stranded_trainer((0, 2, 3, 4), (1, 5), floor=4)
+    assert cmds == [Reassign((0, 2, 3, 4), Role.IDLE)]
+    legality_check(st, cmds[0])
