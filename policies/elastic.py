@@ -17,7 +17,10 @@ what it should do, and issues only the difference. What it should do:
   trajectories fit on the other engines without crowding them (``kv_limit``: decode on
   an engine slows with every token of KV it holds, so the tail is never packed).
 * **Take GPUs back when a batch needs them.** When a new batch is released the engines
-  it needs for its spread come back from the trainer (as soon as its micro-batch ends);
+  it needs for its spread come back from the trainer (as soon as its micro-batch ends;
+  near the run's end the spread is of the work actually in flight, not of k+1 batches,
+  :mod:`~rlsched.policies.split`, and the engines up take no more than that while the
+  others are on their way);
   with a backlog to train the trainer keeps enough GPUs to train it within
   ``train_within`` of the last batch's rollout time (measured). With staleness k >= 1 a
   trainer of ``train_share`` of the GPUs starts beside the rollout, as async's split does;
@@ -226,6 +229,7 @@ class Elastic(Configured):
         self._predictor = self._lengths()
         self._cap = 1
         self._even = 1  # the cap of an even spread (pack=1): how many engines a batch needs
+        self._spread = 1  # an even spread of the work in flight (near the run's end: less)
         self._meter = Meter()
         self._stolen: set[str] = set()  # trajectories an idle engine took (moved once only)
         self._stolen_to: dict[int, str] = {}  # engine -> the trajectory it took last
@@ -274,9 +278,13 @@ class Elastic(Configured):
         self._requeue_interrupted(view)
         grow = self._grow_to_hold(view, tr)
         cmds += grow
-        placed = self._queue.place(view, self._cap, self._min_version,
+        # (while engines are on their way to rollout, those up now take no more than an even
+        # spread of the work in flight: the rest waits for the engines coming)
+        coming = self._coming(view)
+        placed = self._queue.place(view, min(self._cap, self._spread) if coming else self._cap,
+                                   self._min_version,
                                    self._predictor.remaining if self.config.order == "longest" else None,
-                                   hold=self._coming(view) // view.tp,
+                                   hold=coming // view.tp,
                                    skip=frozenset(view.engine_of(g) for c in grow for g in c.gpus))
         cmds += placed
         cmds += self._reclaim(view, tr)
@@ -446,12 +454,13 @@ class Elastic(Configured):
             batch = view.batch(self._released)
             self._queue.add(self._released, batch)
             self._meter.batch_released(self._released, view.now)
+            in_flight = min(self._ahead + 1, view.num_steps)
+            engines = view.num_gpus // view.tp - (self._hold or self._reserve(view)) // view.tp
+            self._cap = per_engine_cap(len(batch) * in_flight, engines, self.config.pack)
+            self._even = per_engine_cap(len(batch) * in_flight, engines, 1.0)
             later = min(self._ahead, view.num_steps - 1 - self._released)
             older = sum(view.unfinished(x) for x in range(max(0, self._train_step - 1), self._released))
-            work = work_in_flight(len(batch), self._ahead, later, older)
-            engines = view.num_gpus // view.tp - (self._hold or self._reserve(view)) // view.tp
-            self._cap = per_engine_cap(work, engines, self.config.pack)
-            self._even = per_engine_cap(work, engines, 1.0)
+            self._spread = per_engine_cap(work_in_flight(len(batch), self._ahead, later, older), engines, 1.0)
             self._released += 1
 
     def _requeue_interrupted(self, view: ClusterView) -> None:
@@ -480,7 +489,7 @@ class Elastic(Configured):
             self._cap = 1 << 30
             return []
         coming = self._coming(view) // tp
-        want = math.ceil(queued / min(self._cap, self._even)) - coming  # engines it still needs
+        want = math.ceil(queued / min(self._cap, self._even, self._spread)) - coming  # engines it still needs
         if want <= 0:
             return []
         keep = self._trainer_keep(view) if self.config.staleness else 0

@@ -10,7 +10,8 @@ trajectory only when an engine has room under ``cap``, lets
 
 * the trajectories predicted longest go first, to the least loaded engines;
 * engines that join rollout later (taken back from the trainer) get work of the batch;
-* an engine that empties take the next queued trajectory instead of idling.
+* an engine that empties take the next queued trajectory instead of idling;
+* a task's samples (whose lengths correlate) spread over engines instead of sharing one.
 
 Older steps go before newer ones: the trainer needs them first.
 """

@@ -15,15 +15,18 @@ def work_in_flight(batch: int, ahead: int, later: int, older: int) -> int:
     ``older`` trajectories still unfinished -- not ``ahead + 1`` batches that no
     longer exist.
 
-    Why: the cap sets how many engines a batch is spread over (``_reclaim`` takes back
-    ``queued / cap`` engines, consolidation keeps ``live / cap``). Counting batches that
-    will never come halves the spread of a staleness-1 run's last batch: measured on a
-    tool-heavy trace (3 single-GPU engines, 3 steps of 48 trajectories), its whole last
-    batch rolled out 47 on one engine while the trainer held the other two, 5.0% behind
-    the best fixed split; spread for the work there is, 13.8% ahead. A batch whose older
-    ones are still rolling out counts them, so the cap never drops below what is already
-    placed (on a trace with no length spread the last batch is placed beside the one
-    before it, as before)."""
+    Why: an even spread of it says how many engines the batch needs (``_reclaim`` takes
+    back ``queued / spread`` engines from the trainer) and, while engines are on their way
+    to rollout, how much of it the engines already up take before the others arrive.
+    Counting batches that will never come halves the spread of a staleness-1 run's last
+    batch: measured on a tool-heavy trace (3 single-GPU engines, 3 steps of 48
+    trajectories), 47 of its 48 trajectories rolled out on the one engine up while the
+    trainer kept the other two, 5.0% behind the best fixed split; spread for the work
+    there is, 13.8% ahead. The placement cap itself stays the steady-state one when no
+    engine is coming: a tighter cap with no engine to spread onto only makes trajectories
+    wait (a 2-engine trace whose trainer kept its engine: 18% slower that way). A batch
+    whose older ones are still rolling out counts them, so the spread never drops below
+    what is already placed."""
     if later >= ahead:
         return batch * (ahead + 1)
     return batch * (1 + max(0, later)) + older

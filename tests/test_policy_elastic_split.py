@@ -7,7 +7,7 @@ Reassigns."""
 
 import random
 
-from test_policy_elastic import _apply_dispatch, _finish, _rolling_out
+from test_policy_elastic import _finish, _rolling_out
 
 from rlsched.cluster.commands import Dispatch, Reassign
 from rlsched.cluster.events import TrainStepFinished, TrajectoryFinished
@@ -27,14 +27,20 @@ def test_work_in_flight_counts_only_batches_that_exist():
     assert work_in_flight(8, ahead=0, later=0, older=0) == 8  # on-policy: one batch
 
 
-def _last_batch_released(older_done: bool) -> tuple[list, object, object]:
+def _last_batch_released(older_done: bool, coming: bool = False) -> tuple[list, object, object]:
     """Staleness 1, 3 steps of 12 trajectories, 8 engines of 1 GPU (the trainer on 2,
     ``train_share`` 0.25; ``hold=false``). Batch 0 was trained; batch 1 finished too
-    (``older_done``) or still rolls out: the commands at step 0's optimizer step's end,
-    which releases batch 2, the last."""
+    (``older_done``) or still rolls out; with ``coming`` engines 1-5 are on their way back to
+    rollout and only engine 0 is up: the commands at step 0's optimizer step's end, which
+    releases batch 2, the last."""
     st, pol = _rolling_out(8, 1, 12, "elastic:staleness=1,hold=false", steps=3)
     for t in st.batch(0) + (st.batch(1) if older_done else ()):
         _finish(st, t)
+    if coming:
+        for e in range(1, 6):
+            st.remove_engine(e)
+            st.roles[e] = Role.SWITCHING
+        pol._to_rollout.update(range(1, 6))
     pol._train_step, pol._in_micro, pol._opt_sent = 0, 12, True
     for tid in st.batch(0):
         st.trajs[tid].in_micro_batch = True
@@ -46,15 +52,18 @@ def _last_batch_released(older_done: bool) -> tuple[list, object, object]:
 
 
 def test_the_last_batch_alone_is_spread_for_itself_not_for_two_batches():
-    # 12 trajectories over the 6 rollout engines: 2 an engine (the cap for two batches
-    # in flight would be 4, and reclaim and consolidation would keep half the engines)
-    cmds, st, pol = _last_batch_released(older_done=True)
-    assert pol._cap == 2
-    _apply_dispatch(st, cmds)
-    assert max(load for _, load in st.engine_loads()) == 2
-    # batch 1 still rolling out (12 live): its trajectories count, the cap stays 4
+    # 12 trajectories over the 6 rollout engines: an even spread is 2 an engine (for two
+    # batches in flight it would be 4, the placement cap of every batch before the last)
+    _, _, pol = _last_batch_released(older_done=True)
+    assert (pol._spread, pol._cap) == (2, 4)
+    # batch 1 still rolling out (12 live): its trajectories count, the spread stays 4
     _, _, pol = _last_batch_released(older_done=False)
-    assert pol._cap == 4
+    assert pol._spread == 4
+    # engine 0 up, five on their way: it takes 2 (not 4) and the rest waits for them (5 of
+    # them held for the coming engines as before, and 5 more, above the spread)
+    cmds, _, pol = _last_batch_released(older_done=True, coming=True)
+    assert [(c.engine, len(c.trajectories)) for c in cmds if isinstance(c, Dispatch)] == [(0, 2)]
+    assert len(pol._queue) == 10
 
 
 def test_a_held_split_grows_an_empty_trainer():
