@@ -230,6 +230,7 @@ class Elastic(Configured):
         self._cap = 1
         self._even = 1  # the cap of an even spread (pack=1): how many engines a batch needs
         self._spread = 1  # an even spread of the work in flight (near the run's end: less)
+        self._spread_cap = 1  # ``pack`` times that: the cap while engines are coming
         self._meter = Meter()
         self._stolen: set[str] = set()  # trajectories an idle engine took (moved once only)
         self._stolen_to: dict[int, str] = {}  # engine -> the trajectory it took last
@@ -281,7 +282,7 @@ class Elastic(Configured):
         # (while engines are on their way to rollout, those up now take no more than an even
         # spread of the work in flight: the rest waits for the engines coming)
         coming = self._coming(view)
-        placed = self._queue.place(view, min(self._cap, self._spread) if coming else self._cap,
+        placed = self._queue.place(view, min(self._cap, self._spread_cap) if coming else self._cap,
                                    self._min_version,
                                    self._predictor.remaining if self.config.order == "longest" else None,
                                    hold=coming // view.tp,
@@ -460,7 +461,9 @@ class Elastic(Configured):
             self._even = per_engine_cap(len(batch) * in_flight, engines, 1.0)
             later = min(self._ahead, view.num_steps - 1 - self._released)
             older = sum(view.unfinished(x) for x in range(max(0, self._train_step - 1), self._released))
-            self._spread = per_engine_cap(work_in_flight(len(batch), self._ahead, later, older), engines, 1.0)
+            work = work_in_flight(len(batch), self._ahead, later, older)
+            self._spread = per_engine_cap(work, engines, 1.0)
+            self._spread_cap = per_engine_cap(work, engines, self.config.pack)
             self._released += 1
 
     def _requeue_interrupted(self, view: ClusterView) -> None:
