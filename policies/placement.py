@@ -10,8 +10,7 @@ trajectory only when an engine has room under ``cap``, lets
 
 * the trajectories predicted longest go first, to the least loaded engines;
 * engines that join rollout later (taken back from the trainer) get work of the batch;
-* an engine that empties take the next queued trajectory instead of idling;
-* a task's samples (whose lengths correlate) spread over engines instead of sharing one.
+* an engine that empties take the next queued trajectory instead of idling.
 
 Older steps go before newer ones: the trainer needs them first.
 """
@@ -57,23 +56,11 @@ class LateQueue:
               skip: frozenset[EngineId] = frozenset()) -> list[Command]:
         """Dispatch queued trajectories to active engines whose load is below ``cap`` and
         whose weights are at least ``min_version(step)``, oldest step first and, within a
-        step, longest predicted first (ties: a task's first queued sample of every task,
-        then its second, ... -- :func:`sibling_ranks`), each to the least loaded such engine
-        (ties: the one holding the fewest of its siblings -- live samples of its task in the
-        step --, then the lowest id). The ``hold`` longest predicted of the oldest step stay
+        step, longest predicted first (ties: queue order), each to the least loaded such
+        engine (ties: lowest id). The ``hold`` longest predicted of the oldest step stay
         queued: they wait for empty engines on their way (switching into rollout) instead
         of joining a crowded one now. Engines in ``skip`` (leaving rollout in the same
-        decision) take nothing.
-
-        Why siblings are spread: the samples of one task have correlated lengths (the
-        predictor's own premise), so an engine that takes a whole group holds the long
-        task's samples together and is the step's tail. Before a group's first sample
-        finishes their predictions tie, and in queue order (a task's samples are adjacent)
-        the first engine to open took its cap in whole groups: engines come back from the
-        trainer one by one. Measured (simulated): tool-heavy, 2 single-GPU engines, on-policy,
-        3 steps of 6 tasks x 8: one engine took 3 whole groups and held the longest one's 8
-        samples to the end, 2.4% behind colocated (which spreads each group 4/4); spread,
-        6.1% ahead."""
+        decision) take nothing."""
         if not self:
             return []
         cur = {e: load for e, load in view.engine_loads() if load < cap and e not in skip}
@@ -89,13 +76,10 @@ class LateQueue:
             heapq.heapify(heap)
             queue = self._steps[step]
             order = list(range(len(queue)))
-            tasks = [view.trajectory(t).task_id for t in queue]
             if predict is not None:
                 infos = [view.trajectory(t) for t in queue]
                 keys = [predict(t, i.task_id, i.turns_done) for t, i in zip(queue, infos, strict=True)]
-                rank = sibling_ranks(tasks)
-                order.sort(key=lambda j: (-keys[j], rank[j]))
-            siblings = _live_siblings(view, step)
+                order.sort(key=lambda j: -keys[j])
             placed: set[int] = set()
             if hold and predict is not None:
                 order, hold = order[hold:], 0
@@ -106,56 +90,15 @@ class LateQueue:
                 placed.add(j)
                 if view.status(tid) not in (TrajStatus.PENDING, TrajStatus.INTERRUPTED):
                     continue  # (dispatched meanwhile by someone else: forget it)
-                load, e = _take_fewest_siblings(heap, siblings, tasks[j])
+                load, e = heap[0]
                 out.setdefault(e, []).append(tid)
-                siblings[tasks[j], e] = siblings.get((tasks[j], e), 0) + 1
                 cur[e] = load + 1
                 if load + 1 < cap:
-                    heapq.heappush(heap, (load + 1, e))
+                    heapq.heapreplace(heap, (load + 1, e))
+                else:
+                    heapq.heappop(heap)
             self._steps[step] = [t for j, t in enumerate(queue) if j not in placed]
         return [Dispatch(tuple(ts), engine=e) for e, ts in sorted(out.items())]
-
-
-def sibling_ranks(tasks: Sequence[str]) -> list[int]:
-    """For each queued trajectory (by its task), how many samples of its task are queued
-    before it: ordering ties by it takes every task's first sample, then every second one,
-    ..., so any run of placements spreads the groups instead of taking them whole."""
-    seen: dict[str, int] = {}
-    ranks = []
-    for task in tasks:
-        ranks.append(seen.get(task, 0))
-        seen[task] = ranks[-1] + 1
-    return ranks
-
-
-def _live_siblings(view: ClusterView, step: int) -> dict[tuple[str, EngineId], int]:
-    """Live (queued or running) trajectories of ``step`` per (task, engine)."""
-    out: dict[tuple[str, EngineId], int] = {}
-    for t in view.batch(step):
-        info = view.trajectory(t)
-        if info.engine is not None and info.status in (TrajStatus.QUEUED, TrajStatus.RUNNING):
-            key = (info.task_id, info.engine)
-            out[key] = out.get(key, 0) + 1
-    return out
-
-
-def _take_fewest_siblings(heap: list[tuple[int, EngineId]], siblings: dict[tuple[str, EngineId], int],
-                          task: str) -> tuple[int, EngineId]:
-    """Take off ``heap`` (``(load, id)``) the least loaded engine holding the fewest samples
-    of ``task`` (ties: the lowest id)."""
-    if not siblings.get((task, heap[0][1])):
-        return heapq.heappop(heap)  # (the common case: the least loaded holds none)
-    low = heap[0][0]
-    tied: list[tuple[int, EngineId]] = []
-    while heap and heap[0][0] == low:
-        tied.append(heapq.heappop(heap))
-        if not siblings.get((task, tied[-1][1])):
-            break  # (the lowest id without a sibling: none can do better)
-    best = min(tied, key=lambda le: (siblings.get((task, le[1]), 0), le[1]))
-    for le in tied:
-        if le is not best:
-            heapq.heappush(heap, le)
-    return best
 
 
 def per_engine_cap(batch_size: int, engines: int, pack: float) -> int:

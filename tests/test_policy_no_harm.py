@@ -9,11 +9,12 @@ lost up to ~7% to the best fixed split in an earlier session's search (its moves
 switches that a tail-less workload never repays; a fixed split is optimal there; ``hold``,
 session 11, is elastic holding a fixed split once it measures that regime, but it holds
 half the engines, not the best split, and only when a step's training is lighter than two
-switches: in session 12, 17 of 40 random ``uniform`` cases were still more than 1% behind
-at k=1, up to 10.9%, and 2 of 40 at k=0, up to 1.7%). Every small long-tailed case the
-slow search has found (up to 5.0% behind) is pinned below at the 1% tolerance with its
-measured figures. The default-suite test draws a fixed set of examples (derandomized), so
-it is not flaky; the slow one searches.
+switches: in session 12, 18 of 40 random ``uniform`` cases were still more than 1% behind
+at k=1, up to 10.9%, and 2 of 40 at k=0, up to 1.7%). The small long-tailed cases the slow
+search found (up to 5.0% behind) are pinned below at the 1% tolerance with their measured
+figures, but one: tool-heavy on 2 single-GPU engines, 2.4% behind colocated at k=0, pinned
+at its measured gap (its docstring says why). The default-suite test draws a fixed set of
+examples (derandomized), so it is not flaky; the slow one searches.
 """
 
 from __future__ import annotations
@@ -89,14 +90,10 @@ def test_known_counterexample_stays_within_its_measured_gap_and_closes_without_a
     anything was measured (``isolate=false``: 408.3 s). With the trainer forming from freed
     engines (``train_share=0``, and ``train_within=0.4``) it is 396.3 s, 2.2% ahead; not the
     default: on the regime map's training-heavy points those measured up to 23% slower
-    (README, elastic bench). Session 12 (a task's samples spread over engines, siblings
-    being the step's likeliest tail-mates): 409.3 s, 1.03% behind -- 0.2 s more, from a
-    different but equally even placement of 2-sample groups on 3 engines (the sibling order
-    alone: 407.0 s, the engine choice alone: 409.1 s); pinned at that measured gap, the reserve still
-    the cause (``isolate=false``: 408.0 s, ``train_share=0,train_within=0.4``: 395.8 s)."""
+    (README, elastic bench)."""
     seconds = _case(16, "longtail-small", 4, 2, 4, 4, 6, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
-    assert seconds("elastic:staleness=1")[0] <= 1.011 * best
+    assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
     assert seconds("elastic:staleness=1,isolate=false")[0] <= TOLERANCE * best
     assert seconds("elastic:staleness=1,train_share=0,train_within=0.4")[0] <= TOLERANCE * best
 
@@ -106,9 +103,10 @@ def test_a_flat_tail_on_two_engines_does_not_starve_the_trainer():
     longtail-small, seed 244, 4 tasks x 2 samples, tp 1, 2 engines, turns x0.1, 3 steps.
     Neither engine emptied until the batch was nearly over, so nothing trained: elastic k=1
     478.5 s vs the best async 453.8 s (5.4% behind). With ``hedge`` an engine goes to the
-    empty trainer once as much has finished as still runs: 390.2 s (session 12: 394.8 s; with the last
-    batch's placement capped at the spread of the work in flight even with no engine coming,
-    466.3 s -- why that cap applies only while engines are on their way)."""
+    empty trainer once as much has finished as still runs: 390.2 s. (Session 12: capping the
+    last batch's placement at the spread of the work in flight even with no engine on its way
+    made it queue behind a trainer that kept its engine, 466.3 s -- so that cap applies only
+    while engines are coming.)"""
     seconds = _case(244, "longtail-small", 4, 2, 1, 2, 3, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
     assert seconds("elastic:staleness=1,train_share=0")[0] <= TOLERANCE * best
@@ -123,7 +121,7 @@ def test_known_counterexample_stays_within_its_measured_gap():
     tail, and every move of an engine between the roles costs a switch that a fixed split never
     pays, and the step's last trajectory trained on the quarter reserved while three more
     engines switched to the trainer. Now 339.2 s, 2.8% ahead: ``hold`` keeps a half split from
-    the first optimizer step (``hold=false``: 352.5 s). Session 12: 340.5 s, 2.4% ahead."""
+    the first optimizer step (``hold=false``: 352.5 s)."""
     seconds = _case(1, "longtail-small", 4, 2, 2, 4, 6, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
     assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
@@ -146,7 +144,7 @@ def test_known_counterexample_on_eight_engines_stays_within_its_measured_gap():
     53k tokens, against 3.6 s for the whole batch on async's 20), and that delay ran down the
     chain of optimizer steps to the release of the batch holding the second long one, which
     then finished 11 s later. With ``hold`` the trainer holds half the GPUs from the first
-    optimizer step on: 603.6 s, 0.2% ahead (session 12: 603.0 s)."""
+    optimizer step on: 603.6 s, 0.2% ahead."""
     seconds = _case(643550, "longtail-small", 4, 2, 4, 8, 6, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
     assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
@@ -160,7 +158,7 @@ def test_a_late_switch_report_no_longer_starves_the_trainer():
     driver's RolesChanged(rollout) reached the policy, which then ended their switch to the
     trainer too: the meter measured a 0 s switch and the trainer, expecting no GPUs, started a
     244k-token micro-batch on its 4. With a late report ending only the switch to its own
-    role: 1046.6 s, 0.2% ahead (``hold=false``: 1043.7 s; session 12: 1040.1 s)."""
+    role: 1046.6 s, 0.2% ahead (``hold=false``: 1043.7 s)."""
     seconds = _case(1285, "longtail-small", 4, 2, 4, 8, 6, 0.3)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
     assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
@@ -168,21 +166,25 @@ def test_a_late_switch_report_no_longer_starves_the_trainer():
 
 def test_known_tool_heavy_counterexamples_on_three_gpus_stay_within_their_measured_gaps():
     """Found by the slow search on session 11's final code, and there before it: tool-heavy,
-    seed 105, 6 tasks x 8 samples per step, tp 1, 3 steps. On 3 engines the best async
-    (rollout_fraction 0.5 to 0.75) takes 11,405.8 s; elastic k=1 took 11,973.9 s, 5.0%
-    behind, until session 12: the run's last batch was released when the one before it had
-    finished, but its per-engine cap still spread two batches (k+1) over the rollout side, so
-    47 of its 48 trajectories rolled out on one engine while the trainer held the other two.
-    With the cap counting the work actually in flight near the run's end
-    (``policies/split.py``): 9,836.9 s; with a group's samples spread over engines too
-    (``policies/placement.py``): 9,264.4 s, 18.8% ahead. On 2 engines (turns x0.1) elastic
-    **k=0** took 7,309.7 s against colocated's 7,137.2 s, 2.4% behind: engines came back from
-    the trainer one at a time, and the first to open took its cap in queue order -- three
-    whole groups, one of them the long task's 8 samples, which then held that engine to the
-    step's end (colocated spreads each group 4/4). With siblings spread: 6,688.8 s, 6.3%
-    ahead. Both at the 1% tolerance now."""
+    seed 105, 6 tasks x 8 samples per step, tp 1, 3 steps.
+
+    On 3 engines the best async (rollout_fraction 0.5 to 0.75) takes 11,405.8 s; elastic k=1
+    took 11,973.9 s, 5.0% behind, until session 12: the run's last batch was released when
+    the one before it had finished, but its spread still counted two batches (k+1) over the
+    rollout side, so the trainer kept two of the three GPUs and 47 of the batch's 48
+    trajectories rolled out on one engine. Spread for the work actually in flight near the
+    run's end (``policies/split.py``): 9,836.9 s, 13.8% ahead -- at the 1% tolerance now.
+
+    On 2 engines (turns x0.1) elastic **k=0** takes 7,309.7 s against colocated's 7,137.2 s,
+    2.4% behind, pinned at that gap: engines come back from the trainer one at a time and the
+    first to open takes its cap in queue order -- three whole groups, one of them the long
+    task's 8 samples, which then hold that engine to the step's end (colocated spreads each
+    group 4/4; when the other engine empties it goes to the trainer). Spreading a task's
+    samples over engines closes it (6,688.8 s, 6.3% ahead; session 12, not shipped:
+    /work/notes/h32harm-report.md), but on the elastic bench it was mixed: 0.1-0.5% slower at
+    three k=0 points and 0.9% at one k=1 point than main, faster at the other eight."""
     seconds = _case(105, "tool-heavy", 6, 8, 1, 3, 3, 0.3)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
     assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
     seconds = _case(105, "tool-heavy", 6, 8, 1, 2, 3, 0.1)
-    assert seconds("elastic")[0] <= TOLERANCE * seconds("colocated")[0]
+    assert seconds("elastic")[0] <= 1.03 * seconds("colocated")[0]
