@@ -85,6 +85,7 @@ from rlsched.cluster.commands import (
     SyncWeights,
     TrainMicroBatch,
 )
+from rlsched.cluster.errors import PolicyError
 from rlsched.cluster.events import (
     Event,
     MicroBatchFinished,
@@ -95,6 +96,7 @@ from rlsched.cluster.events import (
     WorkerRecovered,
 )
 from rlsched.cluster.ids import Drain, Role, TrajStatus
+from rlsched.cluster.legality import check as legality_check
 from rlsched.cluster.policy import Configured, param
 from rlsched.cluster.view import ClusterView, TrainerInfo
 
@@ -125,6 +127,15 @@ _TAIL_PER_ENGINE = 2
 # at all six.
 _JOIN_MARGIN = 0.5
 _OPEN = (TrajStatus.PENDING, TrajStatus.QUEUED, TrajStatus.RUNNING, TrajStatus.INTERRUPTED)
+
+
+def _legal(view: ClusterView, cmd: Command) -> bool:
+    """Would the driver accept ``cmd`` now (the contract's own check, read-only)?"""
+    try:
+        legality_check(view, cmd)
+    except PolicyError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -521,18 +532,18 @@ class Elastic(Configured):
         rollout, idle = back_to_rollout(view, take)
         out: list[Command] = []
         if rollout and idle:
-            # Each Reassign must leave the trainer at its floor or empty. Emptying it takes
-            # two (whole engines to rollout, GPUs short of one idle): the one sent first must
-            # leave what the other takes at the floor; if neither order can, every GPU goes
-            # idle at once and whole engines roll out again from there (failures had left
-            # the trainer at its floor with GPUs whose partners had failed; found under the
-            # fingerprint's fault schedule, where either order was refused).
+            # Each Reassign must leave the trainer at its floor or empty (the contract's check:
+            # a GPU left behind that could have gone along counts). Emptying it takes two
+            # (whole engines to rollout, the rest idle); when the first would be refused, the
+            # other order, and if that is refused too every trainer GPU goes idle at once
+            # and whole engines roll out from there (after failures the trainer sat at its
+            # floor with GPUs whose engines were not whole; found under the fingerprint's
+            # fault schedule, where rollout first was refused).
+            if _legal(view, Reassign(rollout, Role.ROLLOUT)):
+                return self._send(view, rollout, Role.ROLLOUT) + self._send(view, idle, Role.IDLE)
+            if _legal(view, Reassign(idle, Role.IDLE)):
+                return self._send(view, idle, Role.IDLE) + self._send(view, rollout, Role.ROLLOUT)
             mine = set(tr.gpus)
-            for first, then in (((rollout, Role.ROLLOUT), (idle, Role.IDLE)),
-                                ((idle, Role.IDLE), (rollout, Role.ROLLOUT))):
-                left = sum(1 for g in then[0] if g in mine)
-                if left == 0 or left >= tr.min_gpus:
-                    return self._send(view, *first) + self._send(view, *then)
             return self._send(view, tuple(sorted(g for g in rollout + idle if g in mine)), Role.IDLE)
         if rollout:
             out += self._send(view, rollout, Role.ROLLOUT)

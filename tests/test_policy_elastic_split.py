@@ -83,31 +83,35 @@ def test_a_held_split_grows_an_empty_trainer():
     assert not [c for c in cmds if isinstance(c, Dispatch)]  # (nothing queued to place)
 
 
-def _stranded_trainer(train: tuple[int, ...], failed: tuple[int, ...], floor: int):
-    """4 engines of 2 GPUs; the trainer holds ``train`` (its memory floor ``floor``); the
-    ``failed`` GPUs are down, so some trainer GPUs have no whole engine to go back to; no
-    engine rolls out and a trajectory waits: the trainer is emptied back to rollout
-    (``_reclaim``). The commands."""
+def _stranded_trainer(floor: int, failed: tuple[int, ...] = ()):
+    """4 engines of 2 GPUs; the trainer holds 2, 3, 4 and 5, and 5 already leaves it (sent
+    away while a micro-batch runs: still TRAIN, its engine not whole), at its memory floor
+    ``floor``; the ``failed`` GPUs are down; no engine rolls out and a trajectory waits: the
+    trainer is emptied back to rollout (``_reclaim``). The commands, each checked as the
+    driver would (the state does not change between them: only GPUs already leaving, or
+    moved by the command itself, count as gone)."""
     st = ClusterState(8, 2, [[("A", "t")]], max_staleness=0)
-    st.roles.assign(train, Role.TRAIN)
+    st.roles.assign((2, 3, 4, 5), Role.TRAIN)
     st.set_trainer_floor(floor, 2, why="hand floor")
+    st.leave_train_later(5, 0, Role.IDLE)
     for g in failed:
         st.mark_failed(g)
     pol = make_policy("elastic")
     pol.reset(st, random.Random(0))
+    pol._moving.add(5)
     pol._queue.add(0, ("A",))
-    return st, pol._reclaim(st, st.trainer())
+    cmds = pol._reclaim(st, st.trainer())
+    legality_check(st, cmds[0])  # (the first is checked before the second is applied)
+    return [(c.gpus, c.role) for c in cmds]
 
 
 def test_emptying_a_trainer_never_leaves_it_below_its_floor_between_two_reassigns():
-    # 0, 2, 3 at a floor of 2 (1 failed): engine (2, 3) rolls out, 0 goes idle. Rollout
-    # first would leave 0 alone, below the floor (refused: the fingerprint's fault run
-    # stopped on it); idle first leaves (2, 3), at the floor
-    st, cmds = _stranded_trainer((0, 2, 3), (1,), floor=2)
-    assert [(c.gpus, c.role) for c in cmds] == [((0,), Role.IDLE), ((2, 3), Role.ROLLOUT)]
-    legality_check(st, cmds[0])
-    # 0, 2, 3, 4 at a floor of 4 (1 and 5 failed): either order leaves 2 GPUs, below it --
-    # every trainer GPU goes idle in one Reassign, and whole engines roll out from there
-    st, cmds = _stranded_trainer((0, 2, 3, 4), (1, 5), floor=4)
-    assert cmds == [Reassign((0, 2, 3, 4), Role.IDLE)]
-    legality_check(st, cmds[0])
+    # Engine (2, 3) rolls out and 4 goes idle (its partner 5 is leaving). Rollout first
+    # would leave 4 alone, below a floor of 2, though it could have gone along (refused:
+    # the fingerprint's fault run stopped on it); idle first leaves (2, 3), at the floor
+    assert _stranded_trainer(floor=2) == [((4,), Role.IDLE), ((2, 3), Role.ROLLOUT)]
+    # a floor of 4: either order leaves the trainer below it -- every GPU it still holds
+    # goes idle in one Reassign, and whole engines roll out from there
+    assert _stranded_trainer(floor=4) == [((2, 3, 4), Role.IDLE)]
+    # 5 failed instead (4 could not have gone along): rollout first, as always
+    assert _stranded_trainer(floor=2, failed=(5,)) == [((2, 3), Role.ROLLOUT), ((4,), Role.IDLE)]
