@@ -1,6 +1,7 @@
-"""How many trajectories elastic spreads a batch's engines for: pure arithmetic on what
-the policy knows at a batch's release (no view, no commands), so the rule can be read,
-tested and argued on its own.
+"""Sizing rules for elastic's split between rollout and training, as pure arithmetic on
+what the policy knows when it decides (no view, no commands), so each rule can be read,
+tested and argued on its own. Today: how much work a batch's rollout engines are spread
+for (:func:`work_in_flight`).
 """
 
 from __future__ import annotations
