@@ -18,9 +18,8 @@ what it should do, and issues only the difference. What it should do:
   an engine slows with every token of KV it holds, so the tail is never packed).
 * **Take GPUs back when a batch needs them.** When a new batch is released the engines
   it needs for its spread come back from the trainer (as soon as its micro-batch ends;
-  near the run's end the spread is of the work actually in flight, not of k+1 batches,
-  :mod:`~rlsched.policies.split`, and the engines up take no more than that while the
-  others are on their way);
+  while they are on their way, the engines up take no more than an even spread of the
+  work in flight -- near the run's end less than k+1 batches, :mod:`~rlsched.policies.split`);
   with a backlog to train the trainer keeps enough GPUs to train it within
   ``train_within`` of the last batch's rollout time (measured). With staleness k >= 1 a
   trainer of ``train_share`` of the GPUs starts beside the rollout, as async's split does;
@@ -242,8 +241,8 @@ class Elastic(Configured):
         self._predictor = self._lengths()
         self._cap = 1
         self._even = 1  # the cap of an even spread (pack=1): how many engines a batch needs
-        self._spread = 1  # an even spread of the work in flight (near the run's end: less)
-        self._spread_cap = 1  # ``pack`` times that: the cap while engines are coming
+        self._spread_cap = 1  # ``pack`` x an even spread of the work in flight (near the
+        # run's end: less than ``_cap``): the cap of the engines up while others are coming
         self._meter = Meter()
         self._stolen: set[str] = set()  # trajectories an idle engine took (moved once only)
         self._stolen_to: dict[int, str] = {}  # engine -> the trajectory it took last
@@ -475,7 +474,6 @@ class Elastic(Configured):
             later = min(self._ahead, view.num_steps - 1 - self._released)
             older = sum(view.unfinished(x) for x in range(max(0, self._train_step - 1), self._released))
             work = work_in_flight(len(batch), self._ahead, later, older)
-            self._spread = per_engine_cap(work, engines, 1.0)
             self._spread_cap = per_engine_cap(work, engines, self.config.pack)
             self._released += 1
 
@@ -505,7 +503,7 @@ class Elastic(Configured):
             self._cap = 1 << 30
             return []
         coming = self._coming(view) // tp
-        want = math.ceil(queued / min(self._cap, self._even, self._spread)) - coming  # engines it still needs
+        want = math.ceil(queued / min(self._cap, self._even)) - coming  # engines it still needs
         if want <= 0:
             return []
         keep = self._trainer_keep(view) if self.config.staleness else 0

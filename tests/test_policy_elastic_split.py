@@ -55,10 +55,10 @@ def test_the_last_batch_alone_is_spread_for_itself_not_for_two_batches():
     # 12 trajectories over the 6 rollout engines: an even spread is 2 an engine (for two
     # batches in flight it would be 4, the placement cap of every batch before the last)
     _, _, pol = _last_batch_released(older_done=True)
-    assert (pol._spread, pol._cap) == (2, 4)
+    assert (pol._spread_cap, pol._cap) == (2, 4)
     # batch 1 still rolling out (12 live): its trajectories count, the spread stays 4
     _, _, pol = _last_batch_released(older_done=False)
-    assert pol._spread == 4
+    assert pol._spread_cap == 4
     # engine 0 up, five on their way: it takes 2 (not 4) and the rest waits for them (5 of
     # them held for the coming engines as before, and 5 more, above the spread)
     cmds, _, pol = _last_batch_released(older_done=True, coming=True)
