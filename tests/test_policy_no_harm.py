@@ -172,10 +172,11 @@ def test_known_tool_heavy_counterexamples_on_three_gpus_stay_within_their_measur
 
     On 3 engines the best async (rollout_fraction 0.5 to 0.75) takes 11,405.8 s; elastic k=1
     took 11,973.9 s, 5.0% behind, until session 12: the run's last batch was released when
-    the one before it had finished, but its spread still counted two batches (k+1) over the
-    rollout side, so the trainer kept two of the three GPUs and 47 of the batch's 48
-    trajectories rolled out on one engine. Spread for the work actually in flight near the
-    run's end (``policies/split.py``): 9,836.9 s, 13.8% ahead -- at the 1% tolerance now.
+    the one before it had finished, and the one engine up took 47 of its 48 trajectories
+    (its cap still counted two batches, k+1) while the engine coming back from the trainer
+    got one and went back. With the engines up capped at an even spread of the work in
+    flight while others come back (``policies/split.py``): 9,836.9 s, 13.8% ahead -- at the
+    1% tolerance now.
 
     On 2 engines (turns x0.1) elastic **k=0** takes 7,309.7 s against colocated's 7,137.2 s,
     2.4% behind, pinned at that gap: engines come back from the trainer one at a time and the
