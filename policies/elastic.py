@@ -18,8 +18,8 @@ what it should do, and issues only the difference. What it should do:
   an engine slows with every token of KV it holds, so the tail is never packed).
 * **Take GPUs back when a batch needs them.** When a new batch is released the engines
   it needs for its spread come back from the trainer (as soon as its micro-batch ends;
-  while they are on their way, the engines up take no more than an even spread of the
-  work in flight -- near the run's end less than k+1 batches, :mod:`~rlsched.policies.split`);
+  while they are on their way, the engines up take only their even share of the work in
+  flight, :mod:`~rlsched.policies.split`);
   with a backlog to train the trainer keeps enough GPUs to train it within
   ``train_within`` of the last batch's rollout time (measured). With staleness k >= 1 a
   trainer of ``train_share`` of the GPUs starts beside the rollout, as async's split does;
@@ -104,7 +104,7 @@ from .meter import Meter
 from .placement import LateQueue, per_engine_cap
 from .predict import LengthPredictor
 from .registry import register
-from .split import work_in_flight
+from .split import share_while_coming
 
 # An engine is crowded, for stealing, from this many live trajectories on. Moving one of
 # two measured worse than leaving them (the transfer, and an engine busy that the trainer
@@ -143,9 +143,9 @@ class ElasticConfig:
                         "of the oldest rolling step's trajectories are live (1: whenever an engine is not "
                         "needed; 0: only once none is)", low=0.0, high=1.0)
     pack: float = param("float", 1.0, "an engine holds at most this multiple of an even spread, "
-                        "over all engines, of the batches the staleness lets roll out at once (k+1; near the "
-                        "run's end, while other engines are on their way to rollout, of the work in flight)",
-                        low=0.1, high=64.0)
+                        "over all engines, of the batches the staleness lets roll out at once (k+1; while "
+                        "engines are on their way to rollout, of the work in flight over the engines up and "
+                        "coming)", low=0.1, high=64.0)
     kv_limit: float = param("float", 0.05, "keep enough engines that each holds at most this share "
                             "of its KV capacity (decode slows as KV grows: small keeps the tail fast)", low=0.01, high=1.0)
     min_engines: int = param("int", 1, "never shrink rollout below this many engines while a "
@@ -241,8 +241,6 @@ class Elastic(Configured):
         self._predictor = self._lengths()
         self._cap = 1
         self._even = 1  # the cap of an even spread (pack=1): how many engines a batch needs
-        self._spread_cap = 1  # ``pack`` x an even spread of the work in flight (near the
-        # run's end: less than ``_cap``): the cap of the engines up while others are coming
         self._meter = Meter()
         self._stolen: set[str] = set()  # trajectories an idle engine took (moved once only)
         self._stolen_to: dict[int, str] = {}  # engine -> the trajectory it took last
@@ -291,10 +289,13 @@ class Elastic(Configured):
         self._requeue_interrupted(view)
         grow = self._grow_to_hold(view, tr)
         cmds += grow
-        # (while engines are on their way to rollout, those up now take no more than an even
-        # spread of the work in flight: the rest waits for the engines coming)
         coming = self._coming(view)
-        placed = self._queue.place(view, min(self._cap, self._spread_cap) if coming else self._cap,
+        cap = self._cap
+        if coming:  # (engines on their way to rollout: those up take only their share)
+            totals = view.rollout_totals()
+            cap = share_while_coming(cap, totals.live + totals.unbound + len(self._queue),
+                                     len(view.engines()), coming // view.tp, self.config.pack)
+        placed = self._queue.place(view, cap,
                                    self._min_version,
                                    self._predictor.remaining if self.config.order == "longest" else None,
                                    hold=coming // view.tp,
@@ -471,10 +472,6 @@ class Elastic(Configured):
             engines = view.num_gpus // view.tp - (self._hold or self._reserve(view)) // view.tp
             self._cap = per_engine_cap(len(batch) * in_flight, engines, self.config.pack)
             self._even = per_engine_cap(len(batch) * in_flight, engines, 1.0)
-            later = min(self._ahead, view.num_steps - 1 - self._released)
-            older = sum(view.unfinished(x) for x in range(max(0, self._train_step - 1), self._released))
-            work = work_in_flight(len(batch), self._ahead, later, older)
-            self._spread_cap = per_engine_cap(work, engines, self.config.pack)
             self._released += 1
 
     def _requeue_interrupted(self, view: ClusterView) -> None:

@@ -1,6 +1,6 @@
-"""Elastic's spread of a batch near the run's end and its held split, without a driver
-(events in, commands out, on a real ClusterState): the last batch's per-engine cap counts
-the work that is actually in flight (not batches that will never come), and a held split
+"""Elastic's placement while engines come back to rollout and its held split, without a
+driver (events in, commands out, on a real ClusterState): the engines up take only their
+share of the work in flight over the engines up and coming, and a held split
 whose trainer is empty still grows to its side instead of stalling; a trainer emptied back
 to rollout after failures is never left below its memory floor by the first of two
 Reassigns."""
@@ -15,32 +15,29 @@ from rlsched.cluster.ids import Role, TrajStatus
 from rlsched.cluster.legality import check as legality_check
 from rlsched.cluster.state import ClusterState
 from rlsched.policies import make_policy
-from rlsched.policies.split import work_in_flight
+from rlsched.policies.split import share_while_coming
 
 
-def test_work_in_flight_counts_only_batches_that_exist():
-    assert work_in_flight(48, ahead=1, later=1, older=0) == 96  # steady state: k+1 batches
-    assert work_in_flight(48, ahead=1, later=1, older=40) == 96  # (as before: unchanged)
-    assert work_in_flight(48, ahead=1, later=0, older=0) == 48  # the last batch, alone
-    assert work_in_flight(48, ahead=1, later=0, older=30) == 78  # ... beside the older tail
-    assert work_in_flight(8, ahead=2, later=1, older=3) == 19
-    assert work_in_flight(8, ahead=0, later=0, older=0) == 8  # on-policy: one batch
+def test_the_share_while_coming_spreads_what_is_in_flight_over_the_engines_up_and_coming():
+    assert share_while_coming(cap=48, in_flight=48, up=1, coming=1, pack=1.0) == 24
+    assert share_while_coming(cap=16, in_flight=48, up=1, coming=1, pack=1.0) == 16  # never above the cap
+    assert share_while_coming(cap=48, in_flight=48, up=1, coming=0, pack=1.0) == 48  # (none coming)
+    assert share_while_coming(cap=64, in_flight=10, up=2, coming=3, pack=2.0) == 4
+    assert share_while_coming(cap=8, in_flight=0, up=1, coming=1, pack=1.0) == 1
 
 
-def _last_batch_released(older_done: bool, coming: bool = False) -> tuple[list, object, object]:
+def _last_batch_released(coming: int) -> tuple[list, object, object]:
     """Staleness 1, 3 steps of 12 trajectories, 8 engines of 1 GPU (the trainer on 2,
-    ``train_share`` 0.25; ``hold=false``). Batch 0 was trained; batch 1 finished too
-    (``older_done``) or still rolls out; with ``coming`` engines 1-5 are on their way back to
-    rollout and only engine 0 is up: the commands at step 0's optimizer step's end, which
-    releases batch 2, the last."""
+    ``train_share`` 0.25; ``hold=false``). Batches 0 and 1 finished and batch 0 was trained;
+    engine 0 is up and ``coming`` more are on their way back to rollout (the others are
+    gone): the commands at step 0's optimizer step's end, which releases batch 2, the last."""
     st, pol = _rolling_out(8, 1, 12, "elastic:staleness=1,hold=false", steps=3)
-    for t in st.batch(0) + (st.batch(1) if older_done else ()):
+    for t in st.batch(0) + st.batch(1):
         _finish(st, t)
-    if coming:
-        for e in range(1, 6):
-            st.remove_engine(e)
-            st.roles[e] = Role.SWITCHING
-        pol._to_rollout.update(range(1, 6))
+    for e in range(1, 6):
+        st.remove_engine(e)
+        st.roles[e] = Role.SWITCHING if e <= coming else Role.TRAIN
+    pol._to_rollout.update(range(1, coming + 1))
     pol._train_step, pol._in_micro, pol._opt_sent = 0, 12, True
     for tid in st.batch(0):
         st.trajs[tid].in_micro_batch = True
@@ -51,19 +48,18 @@ def _last_batch_released(older_done: bool, coming: bool = False) -> tuple[list, 
     return list(pol.on_event(TrainStepFinished(1), st)), st, pol
 
 
-def test_the_last_batch_alone_is_spread_for_itself_not_for_two_batches():
-    # 12 trajectories over the 6 rollout engines: an even spread is 2 an engine (for two
-    # batches in flight it would be 4, the placement cap of every batch before the last)
-    _, _, pol = _last_batch_released(older_done=True)
-    assert (pol._spread_cap, pol._cap) == (2, 4)
-    # batch 1 still rolling out (12 live): its trajectories count, the spread stays 4
-    _, _, pol = _last_batch_released(older_done=False)
-    assert pol._spread_cap == 4
-    # engine 0 up, five on their way: it takes 2 (not 4) and the rest waits for them (5 of
-    # them held for the coming engines as before, and 5 more, above the spread)
-    cmds, _, pol = _last_batch_released(older_done=True, coming=True)
+def test_the_engine_up_takes_only_its_share_of_the_last_batch_while_others_come_back():
+    # the steady-state cap (two batches over the 6 rollout engines) is 4; with five engines
+    # coming, engine 0 takes its share of the 12 over six engines, 2, and the rest waits for
+    # them (5 held for the coming engines as before, 5 more above the share)
+    cmds, _, pol = _last_batch_released(coming=5)
+    assert pol._cap == 4
     assert [(c.engine, len(c.trajectories)) for c in cmds if isinstance(c, Dispatch)] == [(0, 2)]
     assert len(pol._queue) == 10
+    # one engine coming: the share over the two engines is 6, above the steady-state cap,
+    # so engine 0 takes 4 as before (the share counts only engines actually coming)
+    cmds, _, pol = _last_batch_released(coming=1)
+    assert [(c.engine, len(c.trajectories)) for c in cmds if isinstance(c, Dispatch)] == [(0, 4)]
 
 
 def test_a_held_split_grows_an_empty_trainer():
