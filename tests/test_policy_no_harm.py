@@ -92,7 +92,7 @@ def test_known_counterexample_stays_within_its_measured_gap_and_closes_without_a
     anything was measured (``isolate=false``: 408.3 s). With the trainer forming from freed
     engines (``train_share=0``, and ``train_within=0.4``) it is 396.3 s, 2.2% ahead; not the
     default: on the regime map's training-heavy points those measured up to 23% slower
-    (README, elastic bench)."""
+    (README, elastic bench). Session 12: 408.4 s, 0.8% behind."""
     seconds = _case(16, "longtail-small", 4, 2, 4, 4, 6, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
     assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
@@ -123,7 +123,7 @@ def test_known_counterexample_stays_within_its_measured_gap():
     tail, and every move of an engine between the roles costs a switch that a fixed split never
     pays, and the step's last trajectory trained on the quarter reserved while three more
     engines switched to the trainer. Now 339.2 s, 2.8% ahead: ``hold`` keeps a half split from
-    the first optimizer step (``hold=false``: 352.5 s)."""
+    the first optimizer step (``hold=false``: 352.5 s). Session 12: 342.3 s, 1.9% ahead."""
     seconds = _case(1, "longtail-small", 4, 2, 2, 4, 6, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
     assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
@@ -174,7 +174,7 @@ def test_known_tool_heavy_counterexamples_on_three_gpus_stay_within_their_measur
     took 11,973.9 s, 5.0% behind, until session 12: the run's last batch was released when
     the one before it had finished, and the one engine up took 47 of its 48 trajectories
     (its cap still counted two batches, k+1) while the engine coming back from the trainer
-    got one and went back. With the engines up capped at an even spread of the work in
+    got one and went back. With the engines up taking only their share of the work in
     flight while others come back (``policies/split.py``): 9,836.9 s, 13.8% ahead -- at the
     1% tolerance now.
 
