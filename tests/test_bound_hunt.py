@@ -333,6 +333,20 @@ def test_no_shipped_policy_beats_the_bound_with_costly_syncs_and_switches(w, spe
     assert out.result.makespan >= out.lower_bound_seconds * (1 - 1e-9)
 
 
+def test_a_held_split_with_an_empty_trainer_grows_it_and_the_run_finishes():
+    """Found by the property above (``--hypothesis-seed=202``): 4 steps of one trajectory
+    on 2 single-GPU engines, no trainer reserved (``train_share=0``). A batch released while
+    no engine rolled out took every GPU back from the trainer, and the held split waited
+    for a trainer to grow that ``_grow_to_hold`` never grew because it was empty: 'policy
+    elastic stalled at t=7.8s: nothing is running and only 1 of 4 steps are done'."""
+    rows = [("task0", "T0", 0, 0, 1, 0.0), ("task1", "T1", 0, 0, 0, 0.0),
+            ("task0", "T2", 0, 0, 0, 0.0), ("task1", "T3", 0, 0, 0, 0.0)]
+    out = run(trace(rows), [["T0"], ["T1"], ["T2"], ["T3"]],
+              "elastic:train_share=0,train_within=0.4,staleness=1", gpus=2, cost=COSTS["kv"])
+    assert out.result.complete
+    assert out.result.makespan >= out.lower_bound_seconds * (1 - 1e-9)
+
+
 @settings(max_examples=30 * HUNT, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(w=small_runs(), spec=st.sampled_from(SHIPPED), cost=st.sampled_from(sorted(COSTS)),
        seed=st.integers(0, 1000),

@@ -7,14 +7,15 @@ Known exceptions, stated in the README: on traces with *no* length spread (the
 ``uniform`` preset, not drawn here) at a handful of engines and steps, staleness-1 elastic
 lost up to ~7% to the best fixed split in an earlier session's search (its moves cost
 switches that a tail-less workload never repays; a fixed split is optimal there; ``hold``,
-session 11, is elastic holding a fixed split once it measures that regime, not measured on
-``uniform``). The small long-tailed cases the slow search found (up to 3.7% behind) are
-pinned below at the 1% tolerance with their measured figures; two it still finds
-(tool-heavy on 2-3 single-GPU engines, 2.4% behind colocated at k=0 and 5.0% behind the
-best async at k=1, both there before session 11) are pinned at their measured gaps. In
-session 11, of three runs of the slow search on the final code one found those two and two
-found nothing; 160 cases drawn from its strategy (100 of them at 8 trajectories a step,
-where the first pinned ones live) found none. The default-suite test draws a fixed set of
+session 11, is elastic holding a fixed split once it measures that regime, but it holds
+half the engines, not the best split, and only when a step's training is lighter than two
+switches: in session 12, 18 of 40 random ``uniform`` cases were still more than 1% behind
+at k=1, up to 10.9%, and 2 of 40 at k=0, up to 1.7%). The small long-tailed cases the slow
+search found (up to 5.0% behind) are pinned below at the 1% tolerance with their measured
+figures, but three, pinned at their measured gaps (their docstrings say why): tool-heavy on
+2 single-GPU engines, 2.4% behind colocated at k=0, and two found in session 12 (2.6% and
+1.06% behind the best async at k=1, both as on the session's starting code). Of five runs
+of the slow search on session 12's final code, two found those two. The default-suite test draws a fixed set of
 examples (derandomized), so it is not flaky; the slow one searches.
 """
 
@@ -91,7 +92,7 @@ def test_known_counterexample_stays_within_its_measured_gap_and_closes_without_a
     anything was measured (``isolate=false``: 408.3 s). With the trainer forming from freed
     engines (``train_share=0``, and ``train_within=0.4``) it is 396.3 s, 2.2% ahead; not the
     default: on the regime map's training-heavy points those measured up to 23% slower
-    (README, elastic bench)."""
+    (README, elastic bench). Session 12: 408.4 s, 0.8% behind."""
     seconds = _case(16, "longtail-small", 4, 2, 4, 4, 6, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
     assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
@@ -104,7 +105,10 @@ def test_a_flat_tail_on_two_engines_does_not_starve_the_trainer():
     longtail-small, seed 244, 4 tasks x 2 samples, tp 1, 2 engines, turns x0.1, 3 steps.
     Neither engine emptied until the batch was nearly over, so nothing trained: elastic k=1
     478.5 s vs the best async 453.8 s (5.4% behind). With ``hedge`` an engine goes to the
-    empty trainer once as much has finished as still runs: 390.2 s."""
+    empty trainer once as much has finished as still runs: 390.2 s. (Session 12: capping the
+    last batch's placement at the spread of the work in flight even with no engine on its way
+    made it queue behind a trainer that kept its engine, 466.3 s -- so that cap applies only
+    while engines are coming.)"""
     seconds = _case(244, "longtail-small", 4, 2, 1, 2, 3, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
     assert seconds("elastic:staleness=1,train_share=0")[0] <= TOLERANCE * best
@@ -119,7 +123,7 @@ def test_known_counterexample_stays_within_its_measured_gap():
     tail, and every move of an engine between the roles costs a switch that a fixed split never
     pays, and the step's last trajectory trained on the quarter reserved while three more
     engines switched to the trainer. Now 339.2 s, 2.8% ahead: ``hold`` keeps a half split from
-    the first optimizer step (``hold=false``: 352.5 s)."""
+    the first optimizer step (``hold=false``: 352.5 s). Session 12: 342.3 s, 1.9% ahead."""
     seconds = _case(1, "longtail-small", 4, 2, 2, 4, 6, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
     assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
@@ -163,25 +167,50 @@ def test_a_late_switch_report_no_longer_starves_the_trainer():
 
 
 def test_known_tool_heavy_counterexamples_on_three_gpus_stay_within_their_measured_gaps():
-    """Found by the slow search on session 11's final code, and there before it (measured on
-    the session's starting code 5f81839: 11,988.2 s and 7,346.1 s): tool-heavy, seed 105, 6
-    tasks x 8 samples per step, tp 1, 3 steps. On 3 engines the best async (rollout_fraction
-    0.5 to 0.75) takes 11,405.8 s and elastic k=1 11,973.9 s, 5.0% behind: its trainer
-    reserves one of the three GPUs (``train_share`` 0.25, at least one engine) while the
-    first of only three batches rolls out; ``train_share=0`` takes 9,290.6 s (18.5% ahead),
-    but that is not the default (training-heavy regime map points). ``hold`` does not engage
-    (a step's training is more than two switches on one GPU). On 2 engines (turns x0.1)
-    elastic k=0 is 7,309.7 s against colocated's 7,137.2 s, 2.4% behind -- the first k=0
-    case the search found. Why: elastic wins the first two steps (1,911 / 3,304 s against
-    2,088 / 3,634 s) but in the third, when one engine empties, it goes to the trainer and
-    the other holds the step's 8 live trajectories (early in their turns their KV is small,
-    under ``kv_limit``, and the cap is 24 an engine); they are the long tail (one task's
-    samples; the engines finished unevenly, loads [0, 8]), and decoding 8 at once instead of 4
-    an engine ends that rollout 492 s later than colocated's (stealing, which would spread
-    them, runs only when consolidation releases nothing). This pins both gaps so that they cannot grow unnoticed (and passes the
-    day they close)."""
+    """Found by the slow search on session 11's final code, and there before it: tool-heavy,
+    seed 105, 6 tasks x 8 samples per step, tp 1, 3 steps.
+
+    On 3 engines the best async (rollout_fraction 0.5 to 0.75) takes 11,405.8 s; elastic k=1
+    took 11,973.9 s, 5.0% behind, until session 12: the run's last batch was released when
+    the one before it had finished, and the one engine up took 47 of its 48 trajectories
+    (its cap still counted two batches, k+1) while the engine coming back from the trainer
+    got one and went back. With the engines up taking only their share of the work in
+    flight while others come back (``policies/elastic/split.py``): 9,836.9 s, 13.8% ahead -- at the
+    1% tolerance now.
+
+    On 2 engines (turns x0.1) elastic **k=0** takes 7,309.7 s against colocated's 7,137.2 s,
+    2.4% behind, pinned at that gap: engines come back from the trainer one at a time and the
+    first to open takes its cap in queue order -- three whole groups, one of them the long
+    task's 8 samples, which then hold that engine to the step's end (colocated spreads each
+    group 4/4; when the other engine empties it goes to the trainer). Spreading a task's
+    samples over engines closes it (6,688.8 s, 6.3% ahead; session 12, not shipped:
+    /work/notes/h32harm-report.md), but on the elastic bench it was mixed: 0.1-0.5% slower at
+    three k=0 points and 0.9% at one k=1 point than main, faster at the other eight."""
     seconds = _case(105, "tool-heavy", 6, 8, 1, 3, 3, 0.3)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
-    assert seconds("elastic:staleness=1")[0] <= 1.055 * best
+    assert seconds("elastic:staleness=1")[0] <= TOLERANCE * best
     seconds = _case(105, "tool-heavy", 6, 8, 1, 2, 3, 0.1)
     assert seconds("elastic")[0] <= 1.03 * seconds("colocated")[0]
+
+
+def test_cases_found_in_session_12_stay_within_their_measured_gaps():
+    """Found by the slow search in session 12 (two of five runs on the final code), both
+    there before it with the same figures (main 116442f: 406.6 s and 18,442.0 s), pinned at
+    their measured gaps so that they cannot grow unnoticed (and pass the day they close).
+
+    Longtail-small, seed 71764, 4 tasks x 2 samples, tp 2, 8 engines, turns x0.1, 3 steps:
+    the best async (rollout_fraction 0.25: 2 engines roll out, 12 GPUs train) takes 396.3 s,
+    elastic k=1 406.6 s (2.6% behind; ``hold=false`` 403.3 s). In the first two batches'
+    tail four engines idle for 125-190 s while the reserved quarter (4 GPUs) trains each
+    trajectory as it finishes (none of the moves on offer repays a switch), and the last
+    batch waits 8 s for the engines the held split sends back to rollout.
+
+    Tool-heavy, seed 4869, 4 tasks x 8 samples, tp 1, 2 engines, turns x0.3, 6 steps: every
+    async split is one engine each way (18,249.1 s); elastic k=1 takes 18,442.0 s (1.06%
+    behind; not analysed)."""
+    seconds = _case(71764, "longtail-small", 4, 2, 2, 8, 3, 0.1)
+    best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
+    assert seconds("elastic:staleness=1")[0] <= 1.027 * best
+    seconds = _case(4869, "tool-heavy", 4, 8, 1, 2, 6, 0.3)
+    best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
+    assert seconds("elastic:staleness=1")[0] <= 1.011 * best

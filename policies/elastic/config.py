@@ -20,7 +20,9 @@ class ElasticConfig:
                         "of the oldest rolling step's trajectories are live (1: whenever an engine is not "
                         "needed; 0: only once none is)", low=0.0, high=1.0)
     pack: float = param("float", 1.0, "an engine holds at most this multiple of an even spread, "
-                        "over all engines, of the batches the staleness lets roll out at once (k+1)", low=0.1, high=64.0)
+                        "over all engines, of the batches the staleness lets roll out at once (k+1; while "
+                        "engines are on their way to rollout, of the work in flight over the engines up and "
+                        "coming)", low=0.1, high=64.0)
     kv_limit: float = param("float", 0.05, "keep enough engines that each holds at most this share "
                             "of its KV capacity (decode slows as KV grows: small keeps the tail fast)", low=0.01, high=1.0)
     min_engines: int = param("int", 1, "never shrink rollout below this many engines while a "

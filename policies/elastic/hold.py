@@ -81,8 +81,11 @@ class FixedSplit:
     def _grow_to_hold(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
         """A held split whose trainer is short of its side by whole engines takes them from
         rollout, the least loaded first (their live trajectories migrate with ``drain``),
-        keeping at least ``min_engines`` rolling out."""
-        if not self._hold or not tr.gpus:
+        keeping at least ``min_engines`` rolling out. An empty trainer grows too: a batch
+        released while no engine rolled out takes every GPU back (``_reclaim``), and a held
+        split, whose consolidation waits for this growth, would otherwise never train again
+        (a stall, found on a 2-engine trace with no length spread)."""
+        if not self._hold:
             return []
         have = sum(1 for g in tr.gpus if g not in self._switches.to_rollout) + sum(len(k) for k in self._switches.to_train)
         ids = view.engines()

@@ -13,7 +13,9 @@ should do, and issues only the difference.
   trajectories fit on the other engines without crowding them (``kv_limit``: decode on
   an engine slows with every token of KV it holds, so the tail is never packed).
 * **Take GPUs back when a batch needs them.** When a new batch is released the engines
-  it needs for its spread come back from the trainer (as soon as its micro-batch ends);
+  it needs for its spread come back from the trainer (as soon as its micro-batch ends;
+  while they are on their way, the engines up take only their even share of the work in
+  flight, :mod:`.split`);
   with a backlog to train the trainer keeps enough GPUs to train it within
   ``train_within`` of the last batch's rollout time (measured). With staleness k >= 1 a
   trainer of ``train_share`` of the GPUs starts beside the rollout, as async's split does;
@@ -46,6 +48,7 @@ from rlsched.cluster.commands import (
     SyncWeights,
     TrainMicroBatch,
 )
+from rlsched.cluster.errors import PolicyError
 from rlsched.cluster.events import (
     Event,
     MicroBatchFinished,
@@ -56,6 +59,7 @@ from rlsched.cluster.events import (
     WorkerRecovered,
 )
 from rlsched.cluster.ids import Drain, Role, TrajStatus
+from rlsched.cluster.legality import check as legality_check
 from rlsched.cluster.policy import Configured
 from rlsched.cluster.view import ClusterView, TrainerInfo
 
@@ -67,9 +71,19 @@ from ..registry import register
 from .config import ElasticConfig
 from .cut import CutLedger
 from .hold import FixedSplit
+from .split import share_while_coming
 from .switches import Switches
 from .tail import TailSpreader
 from .training import MicroBatch, Training
+
+
+def _legal(view: ClusterView, cmd: Command) -> bool:
+    """Would the driver accept ``cmd`` now (the contract's own check, read-only)?"""
+    try:
+        legality_check(view, cmd)
+    except PolicyError:
+        return False
+    return True
 
 
 @register
@@ -157,9 +171,15 @@ class Elastic(FixedSplit, Configured):
         self._requeue_interrupted(view)
         grow = self._grow_to_hold(view, tr)
         cmds += grow
-        placed = self._queue.place(view, self._cap, self._min_version,
+        coming = self._switches.coming(view)
+        cap = self._cap
+        if coming:  # (engines on their way to rollout: those up take only their share)
+            totals = view.rollout_totals()
+            cap = share_while_coming(cap, totals.live + totals.unbound + len(self._queue),
+                                     len(view.engines()), coming // view.tp, self.config.pack)
+        placed = self._queue.place(view, cap, self._min_version,
                                    self._predictor.remaining if self.config.order == "longest" else None,
-                                   hold=self._switches.coming(view) // view.tp,
+                                   hold=coming // view.tp,
                                    skip=frozenset(view.engine_of(g) for c in grow for g in c.gpus))
         cmds += placed
         cmds += self._reclaim(view, tr)
@@ -287,6 +307,20 @@ class Elastic(FixedSplit, Configured):
                 take = free
         rollout, idle = back_to_rollout(view, take)
         out: list[Command] = []
+        if rollout and idle:
+            # Each Reassign must leave the trainer at its floor or empty (the contract's check:
+            # a GPU left behind that could have gone along counts). Emptying it takes two
+            # (whole engines to rollout, the rest idle); when the first would be refused, the
+            # other order, and if that is refused too every trainer GPU goes idle at once
+            # and whole engines roll out from there (after failures the trainer sat at its
+            # floor with GPUs whose engines were not whole; found under the fingerprint's
+            # fault schedule, where rollout first was refused).
+            if _legal(view, Reassign(rollout, Role.ROLLOUT)):
+                return self._send(view, rollout, Role.ROLLOUT) + self._send(view, idle, Role.IDLE)
+            if _legal(view, Reassign(idle, Role.IDLE)):
+                return self._send(view, idle, Role.IDLE) + self._send(view, rollout, Role.ROLLOUT)
+            mine = set(tr.gpus)
+            return self._send(view, tuple(sorted(g for g in rollout + idle if g in mine)), Role.IDLE)
         if rollout:
             out += self._send(view, rollout, Role.ROLLOUT)
         if idle:
