@@ -22,10 +22,11 @@ def share_while_coming(cap: int, in_flight: int, up: int, coming: int, pack: flo
     one engine up take nearly the whole batch while the engine coming back got the rest,
     one trajectory, and went back to the trainer (tool-heavy, 3 single-GPU engines, 3 steps
     of 48 trajectories: 47 on one engine, 5.0% behind the best fixed split; with the share,
-    13.8% ahead). It is measured, not predicted: counting only the engines actually coming,
-    no trajectory waits for an engine that is not on its way (a share of a predicted
-    spread did: one engine too few came back and trajectories queued, 1.5% behind on a
-    tool-heavy 8-engine case that was 1.7% ahead)."""
+    13.8% ahead). It is measured, not predicted: it counts the engines actually coming and
+    the work actually in flight, so no trajectory waits for an engine that is not on its
+    way (a cap from a predicted end-of-run spread instead, with the engines taken back
+    sized as before, put a tool-heavy 8-engine case 1.5% behind the best async, from 1.7%
+    ahead; this rule: 2.0% ahead)."""
     if up + coming <= 0:
         return cap
     return min(cap, per_engine_cap(in_flight, up + coming, pack))
