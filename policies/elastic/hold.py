@@ -14,8 +14,7 @@
 
 :class:`FixedSplit` is a mixin of :class:`~rlsched.policies.elastic.policy.Elastic`, not a
 collaborator like the policy's other parts: its three methods are the loop's own, moved
-here whole (their bodies as they were in ``policies/elastic.py``) while the hold is being
-reworked; they read the loop's ``config``, ``_ahead``, ``_meter``, ``_switches`` and
+here whole from the former single module (``policies/elastic.py``); they read the loop's ``config``, ``_ahead``, ``_meter``, ``_switches`` and
 ``_hold`` (the GPUs of the held trainer side, set after each optimizer step from
 ``_hold_gpus``) and send through its ``_send``.
 """
