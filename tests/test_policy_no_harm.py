@@ -184,8 +184,8 @@ def test_known_tool_heavy_counterexamples_on_three_gpus_stay_within_their_measur
     first to open takes its cap in queue order -- three whole groups, one of them the long
     task's 8 samples, which then hold that engine to the step's end (colocated spreads each
     group 4/4; when the other engine empties it goes to the trainer). Spreading a task's
-    samples over engines closes it (6,688.8 s, 6.3% ahead; session 12, not shipped:
-    /work/notes/h32harm-report.md), but on the elastic bench it was mixed: 0.1-0.5% slower at
+    samples over engines closes it (6,688.8 s, 6.3% ahead; tried in session 12, not
+    shipped), but on the elastic bench it was mixed: 0.1-0.5% slower at
     three k=0 points and 0.9% at one k=1 point than main, faster at the other eight."""
     seconds = _case(105, "tool-heavy", 6, 8, 1, 3, 3, 0.3)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
