@@ -77,8 +77,9 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     if sep and not rest.strip():
         # "async:" reads as a parameter list that was meant and then lost (a shell variable
         # that expanded to nothing); refusing it is safer than running the defaults.
+        shown = name if name.isprintable() else repr(name)[1:-1]  # (an error is one line)
         raise PolicyError(f"policy spec {spec!r}: empty parameter list after ':' — expected "
-                          f"{name} or {name}:key=value,...")
+                          f"{shown} or {shown}:key=value,...")
     if sep:
         for item in rest.split(","):
             key, eq, value = item.partition("=")

@@ -32,3 +32,12 @@ def test_cli_refuses_it_in_one_line(capsys):
     assert code == 2
     assert err.splitlines() == ["rlsched: error: policy spec 'async:': empty parameter list "
                                 "after ':' — expected async or async:key=value,..."]
+
+
+def test_a_name_with_control_characters_is_shown_escaped_on_one_line():
+    """Found by the config fuzz (``--hypothesis-seed=375``): the name was echoed raw in the
+    suggestion, so a carriage return in it split the error over two lines."""
+    with pytest.raises(PolicyError) as err:
+        parse_spec("0\r0:")
+    assert len(str(err.value).splitlines()) == 1
+    assert str(err.value).endswith("expected 0\\r0 or 0\\r0:key=value,...")
