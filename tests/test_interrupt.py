@@ -82,7 +82,10 @@ def test_sigint_from_the_shell(tmp_path: Path) -> None:
            "compare", "--trace", str(path), "--out", str(out), "--policies", "colocated,async",
            "--gpus", "64", "--steps", "200", "--tasks-per-step", "8"]
     env = dict(os.environ, RLSCHED_PROGRESS_SECONDS="0")
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    # (a test suite started in the background of a non-interactive shell runs with SIGINT
+    # ignored, which a child inherits and Python then keeps: the child gets the default back)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     for line in proc.stderr:
         lines.append(line)
