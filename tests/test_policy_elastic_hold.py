@@ -137,6 +137,18 @@ def test_a_long_trajectory_waits_for_gpus_on_their_way_to_the_trainer():
     assert mb.trajectories == ("T0",)
 
 
+def test_a_micro_batch_waits_for_any_measured_saving_not_only_one_of_half_a_switch():
+    # 36k tokens: 18 s on the 2 GPUs now (ends t=119); at t=108 on 4: 9 s (ends 117). The
+    # wait saves 2 s, a quarter of the 8 s switch: it waits (until 2026-12 only a saving of
+    # more than half a switch made it wait; the trainer runs one job at a time, so starting
+    # on 2 GPUs would also hold back the 2 arriving at t=108 until t=119)
+    assert not [c for c in _ready_while_gpus_join("elastic:staleness=1", 36_000)
+                if isinstance(c, TrainMicroBatch)]
+    # 20k tokens: 10 s now (ends 111) against 108 + 5 s: no saving, it starts at once
+    (mb,) = [c for c in _ready_while_gpus_join("elastic:staleness=1", 20_000) if isinstance(c, TrainMicroBatch)]
+    assert mb.trajectories == ("T0",)
+
+
 def _last_on_its_engine_finishes(spec: str, tokens: int) -> list:
     """On-policy, 4 engines of 1 GPU with one trajectory each. T0 finished and its engine
     joined the trainer, which trained it (0.001 GPU-s per token; a switch measured 8 s).

@@ -204,14 +204,27 @@ def test_cases_found_in_session_12_stay_within_their_measured_gaps():
     elastic k=1 406.6 s (2.6% behind; ``hold=false`` 403.3 s). In the first two batches'
     tail four engines idle for 125-190 s while the reserved quarter (4 GPUs) trains each
     trajectory as it finishes (none of the moves on offer repays a switch), and the last
-    batch waits 8 s for the engines the held split sends back to rollout.
+    batch waits 8 s for the engines the held split sends back to rollout. Session 13: 400.4 s
+    (1.02% behind) once ``join`` waits for any measured saving (no margin of half a switch).
 
     Tool-heavy, seed 4869, 4 tasks x 8 samples, tp 1, 2 engines, turns x0.3, 6 steps: every
     async split is one engine each way (18,249.1 s); elastic k=1 takes 18,442.0 s (1.06%
     behind; not analysed)."""
     seconds = _case(71764, "longtail-small", 4, 2, 2, 8, 3, 0.1)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
-    assert seconds("elastic:staleness=1")[0] <= 1.027 * best
+    assert seconds("elastic:staleness=1")[0] <= 1.011 * best
     seconds = _case(4869, "tool-heavy", 4, 8, 1, 2, 6, 0.3)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1")[0] for f in FRACTIONS)
     assert seconds("elastic:staleness=1")[0] <= 1.011 * best
+
+
+def test_an_on_policy_step_end_does_not_start_training_on_the_first_engine_back():
+    """Found by a random sample of ``uniform`` traces (session 12; no length spread):
+    seed 1861, 4 tasks x 2 samples, tp 1, 3 engines, turns x0.3, 6 steps. Every trajectory
+    ends within a second of the others; one engine empties first and goes to the trainer,
+    whose micro-batch of one trajectory (3.4 s on its 1 GPU) then held back the two GPUs
+    arriving a second later: elastic k=0 took 445.6 s against colocated's 438.2 s (1.7%
+    behind) while ``join`` waited only for savings of more than half a switch. Waiting for
+    any measured saving: 439.4 s (0.3% behind)."""
+    seconds = _case(1861, "uniform", 4, 2, 1, 3, 6, 0.3)
+    assert seconds("elastic")[0] <= TOLERANCE * seconds("colocated")[0]

@@ -70,5 +70,5 @@ class ElasticConfig:
                        "last rollout is over; false: GPUs move whatever the measured cost")
     join: bool = param("bool", True, "a micro-batch ready to train waits for GPUs on their way to "
                        "the trainer when, at the measured training rate and switch time, it would finish "
-                       "sooner, by more than half a switch, on the larger trainer after they arrive (a "
+                       "sooner on the larger trainer after they arrive (a "
                        "micro-batch runs on the GPUs the trainer has when it starts); false: it starts at once")
