@@ -48,9 +48,10 @@ def held_trainer_gpus(step_gpu_s: float, switch_s: float, gpus: int, tp: int, fl
     13); on 3 engines the trainer's two of them were fastest in 12 of 13, where the half
     rounded down (one) put elastic up to 6.9% behind the best async (seed 861126: now 1.7%
     ahead). A split balancing the two sides instead (the trainer's step in about a batch's
-    measured rollout) was 19% behind at worst on the same cases: at staleness 1 the
-    trainer's step and the next rollout run one after the other, so what a trainer engine
-    saves counts in full, and the rollout, latency-bound, loses little per engine.
+    measured rollout; tried in session 13) was up to 24% behind on the same cases, 31 of 80
+    over 1% against 21 with the half: at staleness 1 the trainer's step and the next
+    rollout run one after the other, so what a trainer engine saves counts in full, and the
+    rollout, latency-bound, loses little per engine.
 
     When: a move from the held side to every GPU saves at most ``step_gpu_s / side -
     step_gpu_s / all`` seconds of the step's training, and costs a switch there and a switch
