@@ -15,7 +15,7 @@ from rlsched.cluster.ids import Role, TrajStatus
 from rlsched.cluster.legality import check as legality_check
 from rlsched.cluster.state import ClusterState
 from rlsched.policies import make_policy
-from rlsched.policies.elastic.split import share_while_coming
+from rlsched.policies.elastic.split import held_trainer_gpus, share_while_coming
 
 
 def test_the_share_while_coming_spreads_what_is_in_flight_over_the_engines_up_and_coming():
@@ -24,6 +24,32 @@ def test_the_share_while_coming_spreads_what_is_in_flight_over_the_engines_up_an
     assert share_while_coming(cap=48, in_flight=48, up=1, coming=0, pack=1.0) == 48  # (none coming)
     assert share_while_coming(cap=64, in_flight=10, up=2, coming=3, pack=2.0) == 4
     assert share_while_coming(cap=8, in_flight=0, up=1, coming=1, pack=1.0) == 1
+
+
+def test_a_held_trainer_side_is_half_the_engines_rounded_up():
+    # 3 engines of 2 GPUs: the trainer holds two of them (4 GPUs), one rolls out; rounded
+    # down (session 12) it held one, and the uniform case seed 861126 ran 6.9% behind
+    assert held_trainer_gpus(step_gpu_s=10.0, switch_s=8.0, gpus=6, tp=2, floor=1) == 4
+    assert held_trainer_gpus(step_gpu_s=10.0, switch_s=8.0, gpus=8, tp=1, floor=1) == 4
+    assert held_trainer_gpus(step_gpu_s=10.0, switch_s=8.0, gpus=2, tp=1, floor=1) == 1
+    assert held_trainer_gpus(step_gpu_s=10.0, switch_s=8.0, gpus=28, tp=4, floor=1) == 16
+    assert held_trainer_gpus(step_gpu_s=10.0, switch_s=8.0, gpus=4, tp=4, floor=1) == 0  # one engine
+
+
+def test_a_held_trainer_side_is_at_least_its_floor_and_leaves_an_engine_to_roll_out():
+    assert held_trainer_gpus(step_gpu_s=10.0, switch_s=8.0, gpus=8, tp=2, floor=6) == 6
+    assert held_trainer_gpus(step_gpu_s=10.0, switch_s=8.0, gpus=8, tp=2, floor=5) == 6  # (whole engines)
+    assert held_trainer_gpus(step_gpu_s=10.0, switch_s=8.0, gpus=8, tp=2, floor=7) == 0  # no room
+
+
+def test_a_split_holds_when_a_move_from_it_to_every_gpu_saves_no_more_than_two_switches():
+    # 100 GPU-s on 8 GPUs: 25 s on the held 4, 12.5 s on all 8 -- at most 12.5 s saved,
+    # under two 8 s switches: hold (the whole 25 s, the test until session 12, is over 16)
+    assert held_trainer_gpus(step_gpu_s=100.0, switch_s=8.0, gpus=8, tp=1, floor=1) == 4
+    # 200 GPU-s: 50 s against 25 s saves 25 s, more than two switches: GPUs move
+    assert held_trainer_gpus(step_gpu_s=200.0, switch_s=8.0, gpus=8, tp=1, floor=1) == 0
+    # exactly two switches saved: nothing to gain from moving, hold
+    assert held_trainer_gpus(step_gpu_s=128.0, switch_s=8.0, gpus=8, tp=1, floor=1) == 4
 
 
 def _last_batch_released(coming: int) -> tuple[list, object, object]:

@@ -64,10 +64,11 @@ class ElasticConfig:
                           "would share that one with fewer than its own (decode slows with every sequence and "
                           "KV token an engine holds); false: the tail stays where it runs")
     hold: bool = param("bool", True, "with staleness >= 1: once a step's training, measured, "
-                       "takes no longer on half the GPUs than a role switch there and back (no move "
-                       "between the roles can repay its switches), hold a fixed split of half the engines "
-                       "in each role, as async does, until a later step measures otherwise or the run's "
-                       "last rollout is over; false: GPUs move whatever the measured cost")
+                       "would take less on every GPU than on half the engines by no more than a role switch "
+                       "there and back (no move between the roles can repay its switches), hold a fixed "
+                       "split, the trainer on half the engines rounded up and rollout on the rest, as async "
+                       "does, until a later step measures otherwise or the run's last rollout is over; "
+                       "false: GPUs move whatever the measured cost")
     join: bool = param("bool", True, "a micro-batch ready to train waits for GPUs on their way to "
                        "the trainer when, at the measured training rate and switch time, it would finish "
                        "sooner on the larger trainer after they arrive (a "

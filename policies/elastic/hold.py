@@ -5,12 +5,16 @@
 * **Hold a fixed split when moves cannot pay** (``hold``, staleness k >= 1): moving GPUs to
   the trainer and back costs two role switches and saves at most part of a step's
   training. Once a step's training, measured (its tokens at the measured GPU-seconds per
-  token), takes no longer on half the GPUs than those two switches (measured), elastic
-  holds a fixed split of half the engines in each role (the flat middle of async's sweep)
-  until a heavier step lifts it. Small clusters with few trajectories a step live here:
-  it closed the three no-harm counterexamples (2.3 / 1.0 / 2.0% behind the best async, now
-  1.0% behind / 2.8% / 0.2% ahead); it engaged at no point of the elastic bench (64 and 256
-  GPUs) nor the regime map.
+  token), would take less on every GPU than on half of them by no more than those two
+  switches (measured), elastic holds a fixed split, the trainer on half the engines
+  rounded up (:func:`~.split.held_trainer_gpus`), until a heavier step lifts it. Small
+  clusters with few trajectories a step live here: it closed the three no-harm
+  counterexamples (2.3 / 1.0 / 2.0% behind the best async, then 1.0% behind / 2.8% / 0.2%
+  ahead); it engaged at no point of the elastic bench (64 and 256 GPUs) nor the regime map.
+  Session 13 (traces with no length spread, the ``uniform`` preset): the side rounded up
+  rather than down, the bound on what a move saves instead of the whole step, and a held
+  trainer giving back what is above its side even after a short rollout took the cases
+  more than 1% behind the best async from 15 to 11 and 14 to 7 in two 40-case samples.
 
 :class:`FixedSplit` is a mixin of :class:`~rlsched.policies.elastic.policy.Elastic`, not a
 collaborator like the policy's other parts: its three methods are the loop's own, moved
@@ -26,6 +30,8 @@ import math
 from rlsched.cluster.commands import Command
 from rlsched.cluster.ids import Drain, Role
 from rlsched.cluster.view import ClusterView, TrainerInfo
+
+from .split import held_trainer_gpus
 
 
 class FixedSplit:
@@ -52,30 +58,26 @@ class FixedSplit:
     def _hold_gpus(self, view: ClusterView) -> int:
         """``hold``: GPUs of the trainer's side of a fixed split to hold, or 0 to go on moving
         GPUs. Moving GPUs to the trainer and back costs two role switches, and the most it
-        can save is part of a step's training; so once a step's training (its tokens at the
-        measured GPU-seconds per token) takes, on half the GPUs, no longer than those two
-        switches (measured), no move can repay itself. Elastic is then a fixed split, and of
-        the fixed splits it holds the middle one, half the engines (at least the trainer's
-        memory floor): async's makespan over its ``rollout_fraction`` is flat in the middle
-        and steep at the ends (a small long-tailed case, seed 1: 348.9 s at 0.25, 353.7 s at
-        0.5, 397.1 s at 0.75; seed 16: 410.2 / 405.1 / 435.7 s), and this regime is the one
-        whose rollout is the tail's latency rather than its GPUs. Measured after each
-        optimizer step from this run's events only (the workload drifts: a heavier step lifts
-        the hold)."""
+        can save is what the step's training (its tokens at the measured GPU-seconds per
+        token) would take less on every GPU than on the held side; once that is no more than
+        those two switches (measured), no move can repay itself. Elastic is then a fixed
+        split, its trainer holding half the engines rounded up (at least its memory floor):
+        async's makespan over its ``rollout_fraction`` is flat in the middle and steep at the
+        ends (a small long-tailed case, seed 1: 348.9 s at 0.25, 353.7 s at 0.5, 397.1 s at
+        0.75; seed 16: 410.2 / 405.1 / 435.7 s), and this regime is the one whose rollout is
+        the tail's latency rather than its GPUs (the arithmetic, and why rounded up:
+        :func:`~.split.held_trainer_gpus`). Measured after each optimizer step from this
+        run's events only (the workload drifts: a heavier step lifts the hold). A held
+        trainer above its side gives the rest back when a batch is released, even when the
+        last rollout was too short to repay a switch (``_reclaim``): the side is for every
+        later batch, not only this one."""
         if not self.config.hold or not self._ahead or view.num_steps < 2:
             return 0
         m = self._meter
         work = m.step_train_gpu_s()
-        engines = view.num_gpus // view.tp
-        if work is None or m.switch_s is None or engines < 2:
+        if work is None or m.switch_s is None:
             return 0
-        half = engines // 2 * view.tp
-        floor = view.trainer().min_gpus
-        if half < floor:
-            half = math.ceil(floor / view.tp) * view.tp
-            if half > view.num_gpus - view.tp:
-                return 0  # no room for both sides: nothing to hold
-        return half if work / half <= 2.0 * m.switch_s else 0
+        return held_trainer_gpus(work, m.switch_s, view.num_gpus, view.tp, view.trainer().min_gpus)
 
     def _grow_to_hold(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
         """A held split whose trainer is short of its side by whole engines takes them from

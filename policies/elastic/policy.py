@@ -275,9 +275,10 @@ class Elastic(FixedSplit, Configured):
         if queued <= 0:
             return []
         stranded = not view.engines() and not self._switches.coming(view)
-        if not stranded and self._meter.rollout_s is not None and not self._pays(self._meter.rollout_s):
+        if not stranded and not self._hold and self._meter.rollout_s is not None and not self._pays(self._meter.rollout_s):
             # a batch's rollout is over before an engine taken back would have paid for
-            # its switch: the queue goes to the engines already rolling out
+            # its switch: the queue goes to the engines already rolling out (not in a held
+            # split: its trainer gives back what is above its side, for every later batch)
             self._cap = 1 << 30
             return []
         coming = self._switches.coming(view) // tp

@@ -1,10 +1,13 @@
 """Sizing rules for elastic's split between rollout and training, as pure arithmetic on
 what the policy knows when it decides (no view, no commands), so each rule can be read,
-tested and argued on its own. Today: how much of the queued work the engines already up
-take while others are on their way to rollout (:func:`share_while_coming`).
+tested and argued on its own: how much of the queued work the engines already up take
+while others are on their way to rollout (:func:`share_while_coming`), and the trainer's
+side of a split held because no move between the roles can pay (:func:`held_trainer_gpus`).
 """
 
 from __future__ import annotations
+
+import math
 
 from ..placement import per_engine_cap
 
@@ -30,3 +33,39 @@ def share_while_coming(cap: int, in_flight: int, up: int, coming: int, pack: flo
     if up + coming <= 0:
         return cap
     return min(cap, per_engine_cap(in_flight, up + coming, pack))
+
+
+def held_trainer_gpus(step_gpu_s: float, switch_s: float, gpus: int, tp: int, floor: int) -> int:
+    """``hold``: the GPUs of the trainer's side of a fixed split to hold, or 0 when moving
+    GPUs between the roles can pay. ``step_gpu_s``: the last step's training at the
+    measured GPU-seconds per token; ``switch_s``: a role switch, measured; ``gpus`` in
+    engines of ``tp``; ``floor``: the trainer's memory floor.
+
+    The side: half the engines, rounded **up** (at least the floor, and at least one engine
+    left to roll out). Why up: with no length spread, a step's rollout is the latency of its
+    trajectories rather than its GPUs, and of async's splits the fastest left at most half
+    the engines rolling out in 79 of 80 random ``uniform`` cases (2 to 8 engines, session
+    13); on 3 engines the trainer's two of them were fastest in 12 of 13, where the half
+    rounded down (one) put elastic up to 6.9% behind the best async (seed 861126: now 1.7%
+    ahead). A split balancing the two sides instead (the trainer's step in about a batch's
+    measured rollout; tried in session 13) was up to 24% behind on the same cases, 31 of 80
+    over 1% against 21 with the half: at staleness 1 the trainer's step and the next
+    rollout run one after the other, so what a trainer engine saves counts in full, and the
+    rollout, latency-bound, loses little per engine.
+
+    When: a move from the held side to every GPU saves at most ``step_gpu_s / side -
+    step_gpu_s / all`` seconds of the step's training, and costs a switch there and a switch
+    back; when the saving is no more than the two switches, no move can repay itself and the
+    split holds. (Until session 13 the test was the whole of ``step_gpu_s / side``, which
+    counted as saved the training that the held side does anyway: it engaged on fewer
+    light-step workloads than this bound allows.)"""
+    engines = gpus // tp
+    if engines < 2 or switch_s < 0 or step_gpu_s < 0:
+        return 0
+    side = (engines + 1) // 2 * tp
+    if side < floor:
+        side = math.ceil(floor / tp) * tp
+    if side > (engines - 1) * tp:
+        return 0  # no room for both sides: nothing to hold
+    saving = step_gpu_s / side - step_gpu_s / (engines * tp)
+    return side if saving <= 2.0 * switch_s else 0
