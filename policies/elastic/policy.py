@@ -13,9 +13,9 @@ should do, and issues only the difference.
   trajectories fit on the other engines without crowding them (``kv_limit``: decode on
   an engine slows with every token of KV it holds, so the tail is never packed).
 * **Take GPUs back when a batch needs them.** When a new batch is released the engines
-  it needs for its spread come back from the trainer (as soon as its micro-batch ends;
-  while they are on their way, the engines up take only their even share of the work in
-  flight, :mod:`.split`);
+  it needs for its spread come back from the trainer (:mod:`.reclaim`; as soon as its
+  micro-batch ends; while they are on their way, the engines up take only their even
+  share of the work in flight, :mod:`.split`);
   with a backlog to train the trainer keeps enough GPUs to train it within
   ``train_within`` of the last batch's rollout time (measured). With staleness k >= 1 a
   trainer of ``train_share`` of the GPUs starts beside the rollout, as async's split does;
@@ -28,9 +28,9 @@ should do, and issues only the difference.
 
 The loop owns the run's progress (batches released, the trainer's step and what of it
 was sent) and decides in a fixed order each event: release batches, requeue what was
-stopped, grow a held split (:mod:`.hold`), place queued work, reclaim trainer GPUs for it,
-cut the tail (:mod:`.cut`), train (:mod:`.training`), release engines to the trainer (or
-steal), isolate the tail (:mod:`.tail`).
+stopped, grow a held split (:mod:`.hold`), place queued work, reclaim trainer GPUs for it
+(:mod:`.reclaim`), cut the tail (:mod:`.cut`), train (:mod:`.training`), release engines to
+the trainer (or steal), isolate the tail (:mod:`.tail`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from rlsched.cluster.commands import (
     SyncWeights,
     TrainMicroBatch,
 )
-from rlsched.cluster.errors import PolicyError
 from rlsched.cluster.events import (
     Event,
     MicroBatchFinished,
@@ -59,11 +58,10 @@ from rlsched.cluster.events import (
     WorkerRecovered,
 )
 from rlsched.cluster.ids import Drain, Role, TrajStatus
-from rlsched.cluster.legality import check as legality_check
 from rlsched.cluster.policy import Configured
 from rlsched.cluster.view import ClusterView, TrainerInfo
 
-from ..common import back_to_rollout, idle_engines, usable
+from ..common import idle_engines, usable
 from ..meter import Meter
 from ..placement import LateQueue, per_engine_cap
 from ..predict import LengthPredictor
@@ -71,23 +69,15 @@ from ..registry import register
 from .config import ElasticConfig
 from .cut import CutLedger
 from .hold import FixedSplit
+from .reclaim import Reclaim
 from .split import share_while_coming
 from .switches import Switches
 from .tail import TailSpreader
 from .training import MicroBatch, Training
 
 
-def _legal(view: ClusterView, cmd: Command) -> bool:
-    """Would the driver accept ``cmd`` now (the contract's own check, read-only)?"""
-    try:
-        legality_check(view, cmd)
-    except PolicyError:
-        return False
-    return True
-
-
 @register
-class Elastic(FixedSplit, Configured):
+class Elastic(FixedSplit, Reclaim, Configured):
     name: ClassVar[str] = "elastic"
     Config = ElasticConfig
     config: ElasticConfig
@@ -265,73 +255,6 @@ class Elastic(FixedSplit, Configured):
                 self._queue.add(s, tuple(t for t in stopped if t not in cut), front=True)
                 # (a cut one resumes with the step that trains it, on its weights)
                 self._queue.add(s + 1, tuple(t for t in stopped if t in cut), front=True)
-
-    def _reclaim(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
-        """Bring trainer GPUs back to rollout while queued work has no engine to go to."""
-        if not self._queue or not tr.gpus:
-            return []
-        tp = view.tp
-        queued = len(self._queue)  # what the engines up now could not take
-        if queued <= 0:
-            return []
-        stranded = not view.engines() and not self._switches.coming(view)
-        if not stranded and self._meter.rollout_s is not None and not self._pays(self._meter.rollout_s):
-            # a batch's rollout is over before an engine taken back would have paid for
-            # its switch: the queue goes to the engines already rolling out
-            self._cap = 1 << 30
-            return []
-        coming = self._switches.coming(view) // tp
-        want = math.ceil(queued / min(self._cap, self._even)) - coming  # engines it still needs
-        if want <= 0:
-            return []
-        keep = self._training.keep(view, self._rolling()) if self.config.staleness else 0
-        if self._hold:
-            keep = self._hold  # a held split: the trainer keeps its side
-        if not view.engines() and not coming:
-            keep = 0  # no engine rolls out: the queue would wait forever
-        # (GPUs already sent away stay in TRAIN until their micro-batch ends: not twice)
-        free = tuple(g for g in tr.gpus if g not in self._switches.moving)
-        spare = (len(free) - keep) // tp
-        if spare <= 0:
-            return []
-        n = spare if self._hold else min(spare, want)  # (a held split: back to its sides)
-        left = len(free) - n * tp
-        take = free[len(free) - n * tp:]
-        if 0 < left < tr.min_gpus:  # never shrink the trainer below its floor (refused)
-            if keep:
-                n = (len(free) - tr.min_gpus) // tp
-                if n <= 0:
-                    return []
-                take = free[len(free) - n * tp:]
-            else:  # empty it (GPUs short of a whole engine go IDLE: back_to_rollout)
-                take = free
-        rollout, idle = back_to_rollout(view, take)
-        out: list[Command] = []
-        if rollout and idle:
-            # Each Reassign must leave the trainer at its floor or empty (the contract's check:
-            # a GPU left behind that could have gone along counts). Emptying it takes two
-            # (whole engines to rollout, the rest idle); when the first would be refused, the
-            # other order, and if that is refused too every trainer GPU goes idle at once
-            # and whole engines roll out from there (after failures the trainer sat at its
-            # floor with GPUs whose engines were not whole; found under the fingerprint's
-            # fault schedule, where rollout first was refused).
-            if _legal(view, Reassign(rollout, Role.ROLLOUT)):
-                return self._send(view, rollout, Role.ROLLOUT) + self._send(view, idle, Role.IDLE)
-            if _legal(view, Reassign(idle, Role.IDLE)):
-                return self._send(view, idle, Role.IDLE) + self._send(view, rollout, Role.ROLLOUT)
-            mine = set(tr.gpus)
-            return self._send(view, tuple(sorted(g for g in rollout + idle if g in mine)), Role.IDLE)
-        if rollout:
-            out += self._send(view, rollout, Role.ROLLOUT)
-        if idle:
-            out += self._send(view, idle, Role.IDLE)
-        return out
-
-    def _pays(self, seconds: float) -> bool:
-        """Is moving GPUs for work of ``seconds`` worth a switch there and back (as far as
-        measured: before the first switch was timed, it is)?"""
-        sw = self._meter.switch_s
-        return sw is None or seconds > 2.0 * sw
 
     # ---------------------------------------------------------------- training
     def _train(self, view: ClusterView, tr: TrainerInfo) -> MicroBatch | OptimizerStep | None:
