@@ -19,29 +19,18 @@
 ``_even``), changes one of them (``_cap``, opened up when moves do not pay) and sends
 through the loop's ``_send`` (which records each switch); a collaborator would take all of
 that as arguments and hand the cap back, for no state of its own. The method is the loop's
-own, moved here whole from ``policy.py``.
+own, moved here from ``policy.py``; the order of the Reassigns that empty the trainer is
+:func:`~rlsched.policies.common.leave_trainer`'s rule.
 """
 
 from __future__ import annotations
 
 import math
 
-from rlsched.cluster.commands import Command, Reassign
-from rlsched.cluster.errors import PolicyError
-from rlsched.cluster.ids import Role
-from rlsched.cluster.legality import check as legality_check
+from rlsched.cluster.commands import Command
 from rlsched.cluster.view import ClusterView, TrainerInfo
 
-from ..common import back_to_rollout
-
-
-def _legal(view: ClusterView, cmd: Command) -> bool:
-    """Would the driver accept ``cmd`` now (the contract's own check, read-only)?"""
-    try:
-        legality_check(view, cmd)
-    except PolicyError:
-        return False
-    return True
+from ..common import leave_trainer
 
 
 class Reclaim:
@@ -84,28 +73,13 @@ class Reclaim:
                 if n <= 0:
                     return []
                 take = free[len(free) - n * tp:]
-            else:  # empty it (GPUs short of a whole engine go IDLE: back_to_rollout)
+            else:  # empty it (GPUs short of a whole engine go IDLE: leave_trainer)
                 take = free
-        rollout, idle = back_to_rollout(view, take)
+        # whole engines to rollout, the rest idle, never leaving the trainer below its floor
+        # in between (the order: leave_trainer)
         out: list[Command] = []
-        if rollout and idle:
-            # Each Reassign must leave the trainer at its floor or empty (the contract's check:
-            # a GPU left behind that could have gone along counts). Emptying it takes two
-            # (whole engines to rollout, the rest idle); when the first would be refused, the
-            # other order, and if that is refused too every trainer GPU goes idle at once
-            # and whole engines roll out from there (after failures the trainer sat at its
-            # floor with GPUs whose engines were not whole; found under the fingerprint's
-            # fault schedule, where rollout first was refused).
-            if _legal(view, Reassign(rollout, Role.ROLLOUT)):
-                return self._send(view, rollout, Role.ROLLOUT) + self._send(view, idle, Role.IDLE)
-            if _legal(view, Reassign(idle, Role.IDLE)):
-                return self._send(view, idle, Role.IDLE) + self._send(view, rollout, Role.ROLLOUT)
-            mine = set(tr.gpus)
-            return self._send(view, tuple(sorted(g for g in rollout + idle if g in mine)), Role.IDLE)
-        if rollout:
-            out += self._send(view, rollout, Role.ROLLOUT)
-        if idle:
-            out += self._send(view, idle, Role.IDLE)
+        for c in leave_trainer(view, take):
+            out += self._send(view, c.gpus, c.role)
         return out
 
     def _pays(self, seconds: float) -> bool:
@@ -113,3 +87,4 @@ class Reclaim:
         measured: before the first switch was timed, it is)?"""
         sw = self._meter.switch_s
         return sw is None or seconds > 2.0 * sw
+
