@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import ClassVar
 
 from rlsched.cluster.commands import (
@@ -74,6 +75,8 @@ from .split import share_while_coming
 from .switches import Switches
 from .tail import TailSpreader
 from .training import MicroBatch, Training
+
+_LOAD = itemgetter(1)  # (engine, load) -> load
 
 
 @register
@@ -346,26 +349,26 @@ class Elastic(FixedSplit, Reclaim, Configured):
             loads = tuple(el for el in loads if el[0] not in gone)
         if not loads:
             return []
-        ids = [e for e, _ in loads]
-        cap = view.engine(ids[0]).kv_capacity
+        cap = view.engine(loads[0][0]).kv_capacity
         by_load = math.ceil(live / self._cap)
-        by_kv = math.ceil(totals.kv_used / (self.config.kv_limit * cap)) if cap else len(ids)
+        by_kv = math.ceil(totals.kv_used / (self.config.kv_limit * cap)) if cap else len(loads)
         if (self.config.hedge and self._ahead and not tr.gpus and not self._switches.moving
                 and self._training.backlog(view, steps) >= live):
             # Do no harm: the trainer starts empty (train_share=0) and forms from engines the
             # tail frees; when none frees (no long tail: every engine still holds a few),
             # training would wait for the batch's end, where a fixed split trains as it goes.
             by_kv = 0
-        busy = sum(1 for _, load in loads if load)
+        busy = len(loads) - list(map(_LOAD, loads)).count(0)  # (engines with a load; in C)
         keep = max(floor, min(busy, max(by_load, by_kv)))
-        release = len(ids) - keep
+        release = len(loads) - keep
         short = tr.min_gpus - len(tr.gpus)  # a trainer below its memory floor runs nothing
         if short > 0 and release * view.tp < short:
             return []  # the engines free now cannot lift it to its floor: they would idle
         if release <= 0:
             return []
-        # the least loaded go (of equal loads, the highest ids)
-        victims = sorted(loads, key=lambda el: (el[1], -el[0]))[:release]
+        # the least loaded go (of equal loads, the highest ids: a stable sort by load of the
+        # engines in descending id order)
+        victims = sorted(reversed(loads), key=_LOAD)[:release]
         gpus = tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
         if (self._ahead and floor and tr.gpus and short <= 0
                 and not self._training.gains(view, steps, len(tr.gpus), len(gpus))):

@@ -24,6 +24,7 @@ ping-pong): :class:`TailSpreader` owns that ranking and that record.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 
 from rlsched.cluster.commands import Command, Move, Reassign
 from rlsched.cluster.ids import TrajStatus
@@ -44,6 +45,7 @@ _CROWDED = 3
 # 256 GPUs, tail 0.05). No trigger won everywhere; 2 loses least, and is the default.
 _TAIL_PER_ENGINE = 2
 _LIVE = (TrajStatus.QUEUED, TrajStatus.RUNNING)
+_LOAD = itemgetter(1)  # (engine, load) -> load
 
 
 class TailSpreader:
@@ -84,7 +86,7 @@ class TailSpreader:
             if view.trajectory(t).status not in _LIVE:
                 del self._stolen_to[e]
         # (nothing crowded, the common case, is checked first: it needs no EngineInfo)
-        if max((load for _, load in loads), default=0) < _CROWDED:
+        if max(map(_LOAD, loads), default=0) < _CROWDED:
             return []
         idle = [e for e, load in loads
                 if load == 0 and e not in self._stolen_to and not view.engine(e).syncing]
