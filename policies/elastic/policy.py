@@ -151,7 +151,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
                     cmds.append(SyncWeights())
             case WeightsSynced():
                 pass
-        if isinstance(event, WorkerRecovered | RolesChanged) and view.gpus_in(Role.IDLE):
+        if isinstance(event, (WorkerRecovered, RolesChanged)) and view.gpus_in(Role.IDLE):
             back = idle_engines(view)  # failures left whole engines idle: roll out again
             if back and view.gpus_in(Role.ROLLOUT) + view.gpus_in(Role.TRAIN):
                 cmds += self._send(view, back, Role.ROLLOUT)
@@ -160,7 +160,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
             if gpus:  # start of the run: every GPU rolls out (with staleness, but a trainer)
                 return cmds + self._start(view, gpus)
         tr = view.trainer()  # (the view does not change while the policy decides)
-        self._release_batches(view)
+        self._release_batches(view, tr)
         self._requeue_interrupted(view)
         grow = self._grow_to_hold(view, tr)
         cmds += grow
@@ -191,7 +191,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
             cmds += self._trained(view, tr, step) + (released or self._steal(view))
         else:
             cmds += self._trained(view, tr, step)
-        if self.config.isolate and isinstance(event, TrajectoryFinished | RolesChanged):
+        if self.config.isolate and isinstance(event, (TrajectoryFinished, RolesChanged)):
             cmds += self._tail.isolate(view, self._rolling(), self._queue, self._ahead, cmds)
         return cmds
 
@@ -235,9 +235,9 @@ class Elastic(FixedSplit, Reclaim, Configured):
         return step - self._ahead
 
     # ----------------------------------------------------------------- rollout
-    def _release_batches(self, view: ClusterView) -> None:
+    def _release_batches(self, view: ClusterView, tr: TrainerInfo) -> None:
         """Queue every batch the trainer's weights allow (s - k <= version)."""
-        last = min(view.trainer().version + self._ahead, view.num_steps - 1)
+        last = min(tr.version + self._ahead, view.num_steps - 1)
         while self._released <= last:
             batch = view.batch(self._released)
             self._queue.add(self._released, batch)
@@ -333,14 +333,15 @@ class Elastic(FixedSplit, Reclaim, Configured):
             return []  # a held split: the trainer grows to its side only (_grow_to_hold)
         if totals.engines <= floor:
             return []
+        if totals.engines_with_queue or totals.unbound:
+            return []  # engines are saturated (KV full): shrinking would only lengthen queues
         steps = self._rolling()
         if not (self._training.backlog(view, steps) or (self._in_micro and over)):
             return []  # nothing to train yet: freed GPUs would only wait
-        if totals.engines_with_queue or totals.unbound:
-            return []  # engines are saturated (KV full): shrinking would only lengthen queues
-        oldest = min(range(s, self._released), key=lambda x: (view.unfinished(x) == 0, x))
-        if live >= self.config.tail * len(view.batch(oldest)) and not over and self.config.tail < 1.0:
-            return []
+        if self.config.tail < 1.0 and not over:
+            oldest = min(range(s, self._released), key=lambda x: (view.unfinished(x) == 0, x))
+            if live >= self.config.tail * len(view.batch(oldest)):
+                return []
         # (an engine sent to the trainer earlier in this decision, by _grow_to_hold, is still
         # listed by the view, which does not change while the policy decides: not twice)
         loads = view.engine_loads()

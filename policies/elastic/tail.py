@@ -56,6 +56,18 @@ class TailSpreader:
         self._predictor = predictor
         self._moved: set[str] = set()  # trajectories moved already (never again)
         self._stolen_to: dict[int, str] = {}  # engine -> the trajectory it took last (steal)
+        self._spread_of: tuple[tuple[tuple[int, int], ...], int, int] = ((), 0, 0)
+
+    def _spread(self, loads: tuple[tuple[int, int], ...]) -> tuple[int, int]:
+        """(lowest, highest) load of ``loads`` (``view.engine_loads()``). The view hands
+        back the same tuple while no load changed (~3 in 4 asks at seed scale), so the
+        answer is kept for it: steal and isolate ask on most events."""
+        kept, lo, hi = self._spread_of
+        if loads is not kept:
+            ls = list(map(_LOAD, loads))
+            lo, hi = min(ls, default=0), max(ls, default=0)
+            self._spread_of = (loads, lo, hi)
+        return lo, hi
 
     def _movable(self, view: ClusterView, step: int, skip: frozenset[str] = frozenset()
                  ) -> list[tuple[float, str, int]]:
@@ -86,7 +98,7 @@ class TailSpreader:
             if view.trajectory(t).status not in _LIVE:
                 del self._stolen_to[e]
         # (nothing crowded, the common case, is checked first: it needs no EngineInfo)
-        if max(map(_LOAD, loads), default=0) < _CROWDED:
+        if self._spread(loads)[1] < _CROWDED:
             return []
         idle = [e for e, load in loads
                 if load == 0 and e not in self._stolen_to and not view.engine(e).syncing]
@@ -123,10 +135,15 @@ class TailSpreader:
                 if not queue.pending(st) and 0 < view.unfinished(st) <= _TAIL_PER_ENGINE * len(active)]
         if not tail or len(active) < 2:
             return []  # (checked first: it is cheap, and most events are not in a tail)
-        loads = dict(active)
-        for c in sent:  # (moves made in this decision already count where they land)
-            if isinstance(c, Move) and c.engine in loads:
-                loads[c.engine] += len(c.trajectories)
+        moves = [c for c in sent if isinstance(c, Move)]
+        if moves:  # (moves made in this decision already count where they land)
+            loads = dict(active)
+            for c in moves:
+                if c.engine in loads:
+                    loads[c.engine] += len(c.trajectories)
+            lowest, highest = min(loads.values()), max(loads.values())
+        else:  # (the common case: the view's loads, whose spread is kept per tuple)
+            lowest, highest = self._spread(active)
         # A trajectory on engine e moves only to a load + 1 < loads[e], and every load is at
         # least the lowest: an engine below lowest + 2 never sends one. Moves only narrow the
         # spread, so with none at lowest + 2 nothing moves (the common, balanced case: without
@@ -134,8 +151,10 @@ class TailSpreader:
         # its time ranking and scanning here). Checked over every engine first, before an
         # EngineInfo is built for each (that cost half the policy's time at seed scale): the
         # engines that may take part are some of them, so their spread is no wider.
-        if max(loads.values()) < min(loads.values()) + 2:
+        if highest < lowest + 2:
             return []
+        if not moves:
+            loads = dict(active)
         # Engines leaving rollout in this decision drop out next, by id (no EngineInfo): an
         # engine sent to the trainer is usually the one idle engine that made the spread
         # (at seed scale ~99% of the calls that got past the check above stopped here once
