@@ -394,8 +394,11 @@ class ClusterState:
         without scanning the rest (policies that resume them ask on every event)."""
         if not 0 <= step < len(self._interrupted_by_step):
             return ()
+        stopped = self._interrupted_by_step[step]
+        if not stopped:  # (most asks: a generator costs more than the answer)
+            return ()
         trajs = self.trajs
-        return tuple(t for t in self._interrupted_by_step[step] if not trajs[t].in_micro_batch)
+        return tuple(t for t in stopped if not trajs[t].in_micro_batch)
 
     def unfinished(self, step: int) -> int:
         return self._unfinished[step]
