@@ -155,7 +155,9 @@ class Elastic(FixedSplit, Reclaim, Configured):
             back = idle_engines(view)  # failures left whole engines idle: roll out again
             if back and view.gpus_in(Role.ROLLOUT) + view.gpus_in(Role.TRAIN):
                 cmds += self._send(view, back, Role.ROLLOUT)
-        if self._switches.pending == 0 and not view.gpus_in(Role.ROLLOUT) and not view.gpus_in(Role.TRAIN):
+        # (TRAIN first: the trainer's record below lists it anyway, and a trainer is up on
+        # most events, so the rollout GPUs, a thousand at seed scale, are rarely listed)
+        if self._switches.pending == 0 and not view.gpus_in(Role.TRAIN) and not view.gpus_in(Role.ROLLOUT):
             gpus = usable(view, Role.ROLLOUT)  # (every GPU, unless some failed)
             if gpus:  # start of the run: every GPU rolls out (with staleness, but a trainer)
                 return cmds + self._start(view, gpus)
