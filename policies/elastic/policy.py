@@ -210,9 +210,9 @@ class Elastic(FixedSplit, Reclaim, Configured):
         """New engines with weights older than the trainer's (a driver may load the weights
         when the switch starts, and an optimizer step can end meanwhile) get a sync."""
         version = view.trainer().version
-        engines = view.engines()
-        stale = tuple(sorted({e for e in (view.engine_of(g) for g in gpus)
-                              if e in engines and view.engine(e).version < version}))
+        engines = set(view.engines())  # (each engine once: an engine's GPUs arrive together)
+        stale = tuple(sorted(e for e in {view.engine_of(g) for g in gpus}
+                             if e in engines and view.engine(e).version < version))
         return [SyncWeights(stale)] if stale else []
 
     def _send(self, view: ClusterView, gpus: tuple[int, ...], role: Role,
