@@ -23,6 +23,8 @@ ping-pong): :class:`TailSpreader` owns that ranking and that record.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections import Counter
 from collections.abc import Sequence
 from operator import itemgetter
 
@@ -48,6 +50,17 @@ _LIVE = (TrajStatus.QUEUED, TrajStatus.RUNNING)
 _LOAD = itemgetter(1)  # (engine, load) -> load
 
 
+def _loads_of(loads: tuple[tuple[int, int], ...], engines: set[int]) -> dict[int, int]:
+    """engine -> load for those of ``engines`` listed in ``loads`` (ascending ids: found
+    by bisection, not by a pass over every engine)."""
+    out = {}
+    for e in engines:
+        i = bisect_left(loads, (e, -1))  # (loads are >= 0: (e, -1) sorts just before e's)
+        if i < len(loads) and loads[i][0] == e:
+            out[e] = loads[i][1]
+    return out
+
+
 class TailSpreader:
     """Moves live trajectories of the rolling steps off crowded engines (``steal``,
     ``isolate``), each at most once."""
@@ -57,6 +70,7 @@ class TailSpreader:
         self._moved: set[str] = set()  # trajectories moved already (never again)
         self._stolen_to: dict[int, str] = {}  # engine -> the trajectory it took last (steal)
         self._spread_of: tuple[tuple[tuple[int, int], ...], int, int] = ((), 0, 0)
+        self._count_of: tuple[tuple[tuple[int, int], ...], Counter[int]] = ((), Counter())
 
     def _spread(self, loads: tuple[tuple[int, int], ...]) -> tuple[int, int]:
         """(lowest, highest) load of ``loads`` (``view.engine_loads()``). The view hands
@@ -69,14 +83,31 @@ class TailSpreader:
             self._spread_of = (loads, lo, hi)
         return lo, hi
 
+    def _spread_without(self, loads: tuple[tuple[int, int], ...],
+                        gone: dict[int, int]) -> tuple[int, int, int]:
+        """(engines, lowest, highest load) of ``loads`` without the engines of ``gone``
+        (engine -> its load in ``loads``), from a count of engines per load kept per tuple:
+        no pass over every engine for the few that leave."""
+        kept, count = self._count_of
+        if loads is not kept:
+            count = Counter(map(_LOAD, loads))
+            self._count_of = (loads, count)
+        left = count.copy()
+        left.subtract(gone.values())
+        have = [load for load, n in left.items() if n > 0]
+        return sum(n for n in left.values() if n > 0), min(have, default=0), max(have, default=0)
+
     def _movable(self, view: ClusterView, step: int, skip: frozenset[str] = frozenset()
                  ) -> list[tuple[float, str, int]]:
         """(predicted remaining turns, id, engine) of ``step``'s live trajectories that are
         on an engine and were never moved (nor are in ``skip``), in the batch's order."""
         out = []
-        for i in (view.trajectory(t) for t in view.batch(step)):
-            if i.status in _LIVE and i.engine is not None and i.id not in self._moved and i.id not in skip:
-                out.append((self._predictor.remaining(i.id, i.task_id, i.turns_done), i.id, i.engine))
+        moved = self._moved
+        for t in view.batch(step):  # (status first: a record only for the live few of a tail)
+            if view.status(t) in _LIVE and t not in moved and t not in skip:
+                i = view.trajectory(t)
+                if i.engine is not None:
+                    out.append((self._predictor.remaining(t, i.task_id, i.turns_done), t, i.engine))
         return out
 
     def _move(self, t: str, src: int, dst: int, loads: dict[int, int]) -> Move:
@@ -153,17 +184,23 @@ class TailSpreader:
         # engines that may take part are some of them, so their spread is no wider.
         if highest < lowest + 2:
             return []
-        if not moves:
-            loads = dict(active)
         # Engines leaving rollout in this decision drop out next, by id (no EngineInfo): an
         # engine sent to the trainer is usually the one idle engine that made the spread
         # (at seed scale ~99% of the calls that got past the check above stopped here once
         # the leaving engines were out, after building an EngineInfo for every engine).
         gone = {view.engine_of(g) for c in sent if isinstance(c, Reassign) for g in c.gpus}
-        if gone:
-            loads = {e: load for e, load in loads.items() if e not in gone}
-            if len(loads) < 2 or max(loads.values()) < min(loads.values()) + 2:
+        if moves:
+            if gone:
+                loads = {e: load for e, load in loads.items() if e not in gone}
+                if len(loads) < 2 or max(loads.values()) < min(loads.values()) + 2:
+                    return []
+        elif gone:
+            n, lo, hi = self._spread_without(active, _loads_of(active, gone))
+            if n < 2 or hi < lo + 2:
                 return []
+            loads = {e: load for e, load in active if e not in gone}
+        else:
+            loads = dict(active)
         moved = frozenset(t for c in sent if isinstance(c, Move) for t in c.trajectories)
         infos = {e: view.engine(e) for e in loads}
         loads = {e: load for e, load in loads.items() if not infos[e].syncing}
