@@ -157,3 +157,18 @@ def test_role_list_assign_keeps_the_gpus_of_each_role(st):
     assert st.gpus_in(Role.TRAIN) == ()
     assert st.gpus_in(Role.IDLE) == (4, 7)
     assert [st.role(g) for g in range(8)] == [Role.ROLLOUT] * 3 + [Role.SWITCHING, Role.IDLE] + [Role.SWITCHING] * 2 + [Role.IDLE]
+
+
+def test_role_list_keeps_each_roles_gpus_ascending_through_random_switches():
+    import random
+
+    from rlsched.cluster.ids import Role
+
+    rng = random.Random(0)
+    s = ClusterState(64, 4, [], max_staleness=0)
+    roles = list(Role)
+    for _ in range(500):
+        gpus = rng.sample(range(64), rng.randint(1, 8))
+        s.set_roles(gpus, rng.choice(roles))
+        r = rng.choice(roles)
+        assert s.gpus_in(r) == tuple(g for g in range(64) if s.role(g) is r)
