@@ -156,7 +156,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
             if back and view.gpus_in(Role.ROLLOUT) + view.gpus_in(Role.TRAIN):
                 cmds += self._send(view, back, Role.ROLLOUT)
         # (TRAIN first: the trainer's record below lists it anyway, and a trainer is up on
-        # most events, so the rollout GPUs, a thousand at seed scale, are rarely listed)
+        # most events, so the rollout GPUs, up to a thousand at seed scale, are rarely listed)
         if self._switches.pending == 0 and not view.gpus_in(Role.TRAIN) and not view.gpus_in(Role.ROLLOUT):
             gpus = usable(view, Role.ROLLOUT)  # (every GPU, unless some failed)
             if gpus:  # start of the run: every GPU rolls out (with staleness, but a trainer)
