@@ -93,6 +93,60 @@ def back_to_rollout(view: ClusterView, gpus: tuple[GpuId, ...]) -> tuple[tuple[G
     return tuple(rollout), tuple(idle)
 
 
+def _could_roll_out(view: ClusterView, gpu: GpuId, failed: set[GpuId]) -> bool:
+    """Could ``gpu`` have gone to rollout with its engine: is every GPU of the engine
+    working and in the trainer or idle (none failed, switching or rolling out)?"""
+    return all(x not in failed and view.role(x) in (Role.TRAIN, Role.IDLE)
+               for x in view.engine_gpus(view.engine_of(gpu)))
+
+
+def leave_trainer(view: ClusterView, gpus: tuple[GpuId, ...]) -> tuple[Reassign, ...]:
+    """The Reassigns that take the trainer GPUs ``gpus`` out of the trainer -- whole engines
+    to ROLLOUT, the rest to IDLE (:func:`back_to_rollout`) -- in an order that leaves the
+    trainer, after each, empty, at its memory floor or above, or holding only GPUs that
+    could not have gone along. The caller sizes ``gpus`` so that what the trainer keeps
+    once all of them are gone is none or at least its floor (then every command is legal
+    in turn: tests/test_leave_trainer.py).
+
+    Why an order: a trainer below its memory floor runs nothing, so the contract refuses a
+    Reassign that leaves it some GPUs but fewer than its floor -- unless no GPU left behind
+    could have gone with that Reassign (a worker failure, not the policy's choice, leaves
+    them there). Each command is checked before the next is applied, so when both kinds
+    leave, the first must be legal on its own. What stays behind after the first is the
+    trainer's GPUs that are not already leaving (sent away while a micro-batch runs: they
+    keep role TRAIN until it ends) and not in it:
+
+    * whole engines first, when what stays is none, at least the floor, or cannot roll
+      out (each has a GPU of its engine failed, switching or rolling out) -- then the rest
+      goes idle;
+    * else the rest idle first, when the whole engines (and whatever else stays) are at
+      least the floor -- then the whole engines roll out, which empties it;
+    * else every one of them idle in one Reassign: the trainer keeps only what it kept
+      before, and whole engines roll out again from idle (:func:`idle_engines`).
+
+    (Found under the fingerprint's fault schedule: failures had left the trainer at its
+    floor with an engine whose other GPU was leaving -- rolling the whole engines out first
+    would leave that GPU alone in the trainer, though it could have gone along.)"""
+    rollout, idle = back_to_rollout(view, gpus)
+    if not (rollout and idle):
+        return tuple(Reassign(g, r) for g, r in ((rollout, Role.ROLLOUT), (idle, Role.IDLE)) if g)
+    floor = view.trainer().min_gpus
+    failed = set(view.failed_gpus())
+    leaving = set(view.leaving_gpus())
+    trainer = view.gpus_in(Role.TRAIN)
+    gone = leaving.union(rollout)
+    stays = [g for g in trainer if g not in gone]
+    if (not stays or len(stays) >= floor
+            or not any(_could_roll_out(view, g, failed) for g in stays)):
+        return Reassign(rollout, Role.ROLLOUT), Reassign(idle, Role.IDLE)
+    gone = leaving.union(idle)
+    stays = [g for g in trainer if g not in gone]
+    if len(stays) >= floor:  # (some stay: the whole engines' GPUs; any of them could go idle)
+        return Reassign(idle, Role.IDLE), Reassign(rollout, Role.ROLLOUT)
+    mine = set(trainer)
+    return (Reassign(tuple(sorted(g for g in rollout + idle if g in mine)), Role.IDLE),)
+
+
 def phase_is_stuck(view: ClusterView, phase: Role, step: int) -> bool:
     """For policies that move the whole cluster between phases (colocated, partial): a
     recovered GPU waits for the next phase change, unless the current phase holds no GPU

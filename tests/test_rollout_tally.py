@@ -109,6 +109,43 @@ def test_engine_loads_are_the_active_engines_running_plus_queued(st):
     assert st.engine_loads() == ((1, 0), (2, 1))
 
 
+def test_engine_loads_are_kept_until_a_load_or_the_engines_change(st):
+    def fresh():
+        return tuple((e, st.engines_[e].load) for e in st.engines())
+
+    loads = st.engine_loads()
+    assert loads == ((0, 0), (1, 0), (2, 0)) and st.engine_loads() is loads
+    e0, e1 = st.engines_[0], st.engines_[1]
+    # (change, whether the loads are kept: no active engine's load nor the set changed)
+    steps = [(lambda: e0.enqueue("t0"), False), (lambda: e0.dequeue(admit=True), True),
+             (lambda: e0.admit("t1"), False), (lambda: e0.enqueue("t2", front=True), False),
+             (lambda: e0.dequeue(admit=False), False), (lambda: e0.discard("t1"), False),
+             (lambda: e0.discard("t9"), True), (lambda: e0.set_kv(5), True),
+             (lambda: e1.enqueue("t3"), False), (lambda: e1.drain(), False),
+             (lambda: e1.discard("t3"), True),  # (a draining engine is not listed)
+             (lambda: st.add_engine(EngineState(3, st.engine_gpus(3), 0, 1000)), False),
+             (lambda: st.remove_engine(1), True), (lambda: st.remove_engine(2), False)]
+    for change, kept in steps:
+        before = st.engine_loads()
+        change()
+        assert st.engine_loads() == fresh()
+        assert (st.engine_loads() is before) == kept
+        st.check_totals()
+    assert st.engine_loads() == ((0, 1), (3, 0))
+
+
+def test_loads_kept_after_an_engine_changed_behind_the_tally_are_caught(st):
+    st.engines_[0].enqueue("t0")
+    assert st.engine_loads() == ((0, 1), (1, 0), (2, 0))
+    e0, e2 = st.engines_[0], st.engines_[2]  # t0 moves from 0 to 2, not through their methods
+    e0.queue.clear()
+    e0.load -= 1
+    e2.queue.append("t0")
+    e2.load += 1
+    with pytest.raises(InvariantViolation, match=r"engine loads \(\(0, 1\), \(1, 0\), \(2, 0\)\) / \[\(0, 1\), \(1, 0\), \(2, 0\)\] kept"):
+        st.check_totals()
+
+
 def test_role_list_assign_keeps_the_gpus_of_each_role(st):
     from rlsched.cluster.ids import Role
 
@@ -120,3 +157,18 @@ def test_role_list_assign_keeps_the_gpus_of_each_role(st):
     assert st.gpus_in(Role.TRAIN) == ()
     assert st.gpus_in(Role.IDLE) == (4, 7)
     assert [st.role(g) for g in range(8)] == [Role.ROLLOUT] * 3 + [Role.SWITCHING, Role.IDLE] + [Role.SWITCHING] * 2 + [Role.IDLE]
+
+
+def test_role_list_keeps_each_roles_gpus_ascending_through_random_switches():
+    import random
+
+    from rlsched.cluster.ids import Role
+
+    rng = random.Random(0)
+    s = ClusterState(64, 4, [], max_staleness=0)
+    roles = list(Role)
+    for _ in range(500):
+        gpus = rng.sample(range(64), rng.randint(1, 8))
+        s.set_roles(gpus, rng.choice(roles))
+        r = rng.choice(roles)
+        assert s.gpus_in(r) == tuple(g for g in range(64) if s.role(g) is r)

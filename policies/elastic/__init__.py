@@ -5,8 +5,10 @@ what it should do, and issues only the difference. What it should do, and where 
 part lives:
 
 * **Roll out what the weights allow, spread out, longest first; give the trainer the GPUs
-  rollout no longer needs, and only when it has work; take GPUs back when a batch needs
-  them** -- the loop itself (:mod:`.policy`, class :class:`Elastic`).
+  rollout no longer needs, and only when it has work** -- the loop itself (:mod:`.policy`,
+  class :class:`Elastic`).
+* **Take GPUs back when a batch needs them**, when that pays for the switches --
+  :mod:`.reclaim`.
 * **Train what has finished, as it finishes**, and let a micro-batch wait for GPUs on
   their way (``join``) -- :mod:`.training`.
 * **Reserve a trainer beside the rollout** (``train_share``) and **hold a fixed split when

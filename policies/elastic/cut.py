@@ -34,7 +34,9 @@ class CutLedger:
         step's own, less those cut from it, and those cut from step s-1."""
         cut, carried = self.cut_from(s), self.cut_from(s - 1)
         stopped = set(view.interrupted(s))
-        ready = tuple(t for t in view.finished(s) if t not in stopped and t not in cut)
+        ready = view.finished(s)
+        if stopped or cut:  # (most asks: nothing stopped, nothing cut, nothing to filter)
+            ready = tuple(t for t in ready if t not in stopped and t not in cut)
         if carried:
             stopped = set(view.interrupted(s - 1))
             ready += tuple(t for t in view.finished(s - 1) if t in carried and t not in stopped)

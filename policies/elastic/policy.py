@@ -13,9 +13,9 @@ should do, and issues only the difference.
   trajectories fit on the other engines without crowding them (``kv_limit``: decode on
   an engine slows with every token of KV it holds, so the tail is never packed).
 * **Take GPUs back when a batch needs them.** When a new batch is released the engines
-  it needs for its spread come back from the trainer (as soon as its micro-batch ends;
-  while they are on their way, the engines up take only their even share of the work in
-  flight, :mod:`.split`);
+  it needs for its spread come back from the trainer (:mod:`.reclaim`; as soon as its
+  micro-batch ends; while they are on their way, the engines up take only their even
+  share of the work in flight, :mod:`.split`);
   with a backlog to train the trainer keeps enough GPUs to train it within
   ``train_within`` of the last batch's rollout time (measured). With staleness k >= 1 a
   trainer of ``train_share`` of the GPUs starts beside the rollout, as async's split does;
@@ -28,9 +28,9 @@ should do, and issues only the difference.
 
 The loop owns the run's progress (batches released, the trainer's step and what of it
 was sent) and decides in a fixed order each event: release batches, requeue what was
-stopped, grow a held split (:mod:`.hold`), place queued work, reclaim trainer GPUs for it,
-cut the tail (:mod:`.cut`), train (:mod:`.training`), release engines to the trainer (or
-steal), isolate the tail (:mod:`.tail`).
+stopped, grow a held split (:mod:`.hold`), place queued work, reclaim trainer GPUs for it
+(:mod:`.reclaim`), cut the tail (:mod:`.cut`), train (:mod:`.training`), release engines to
+the trainer (or steal), isolate the tail (:mod:`.tail`).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import ClassVar
 
 from rlsched.cluster.commands import (
@@ -48,7 +49,6 @@ from rlsched.cluster.commands import (
     SyncWeights,
     TrainMicroBatch,
 )
-from rlsched.cluster.errors import PolicyError
 from rlsched.cluster.events import (
     Event,
     MicroBatchFinished,
@@ -59,11 +59,10 @@ from rlsched.cluster.events import (
     WorkerRecovered,
 )
 from rlsched.cluster.ids import Drain, Role, TrajStatus
-from rlsched.cluster.legality import check as legality_check
 from rlsched.cluster.policy import Configured
 from rlsched.cluster.view import ClusterView, TrainerInfo
 
-from ..common import back_to_rollout, idle_engines, usable
+from ..common import idle_engines, usable
 from ..meter import Meter
 from ..placement import LateQueue, per_engine_cap
 from ..predict import LengthPredictor
@@ -71,23 +70,17 @@ from ..registry import register
 from .config import ElasticConfig
 from .cut import CutLedger
 from .hold import FixedSplit
+from .reclaim import Reclaim
 from .split import share_while_coming
 from .switches import Switches
 from .tail import TailSpreader
 from .training import MicroBatch, Training
 
-
-def _legal(view: ClusterView, cmd: Command) -> bool:
-    """Would the driver accept ``cmd`` now (the contract's own check, read-only)?"""
-    try:
-        legality_check(view, cmd)
-    except PolicyError:
-        return False
-    return True
+_LOAD = itemgetter(1)  # (engine, load) -> load
 
 
 @register
-class Elastic(FixedSplit, Configured):
+class Elastic(FixedSplit, Reclaim, Configured):
     name: ClassVar[str] = "elastic"
     Config = ElasticConfig
     config: ElasticConfig
@@ -158,16 +151,18 @@ class Elastic(FixedSplit, Configured):
                     cmds.append(SyncWeights())
             case WeightsSynced():
                 pass
-        if isinstance(event, WorkerRecovered | RolesChanged) and view.gpus_in(Role.IDLE):
+        if isinstance(event, (WorkerRecovered, RolesChanged)) and view.gpus_in(Role.IDLE):
             back = idle_engines(view)  # failures left whole engines idle: roll out again
             if back and view.gpus_in(Role.ROLLOUT) + view.gpus_in(Role.TRAIN):
                 cmds += self._send(view, back, Role.ROLLOUT)
-        if self._switches.pending == 0 and not view.gpus_in(Role.ROLLOUT) and not view.gpus_in(Role.TRAIN):
+        # (TRAIN first: the trainer's record below lists it anyway, and a trainer is up on
+        # most events, so the rollout GPUs, up to a thousand at seed scale, are rarely listed)
+        if self._switches.pending == 0 and not view.gpus_in(Role.TRAIN) and not view.gpus_in(Role.ROLLOUT):
             gpus = usable(view, Role.ROLLOUT)  # (every GPU, unless some failed)
             if gpus:  # start of the run: every GPU rolls out (with staleness, but a trainer)
                 return cmds + self._start(view, gpus)
         tr = view.trainer()  # (the view does not change while the policy decides)
-        self._release_batches(view)
+        self._release_batches(view, tr)
         self._requeue_interrupted(view)
         grow = self._grow_to_hold(view, tr)
         cmds += grow
@@ -198,7 +193,7 @@ class Elastic(FixedSplit, Configured):
             cmds += self._trained(view, tr, step) + (released or self._steal(view))
         else:
             cmds += self._trained(view, tr, step)
-        if self.config.isolate and isinstance(event, TrajectoryFinished | RolesChanged):
+        if self.config.isolate and isinstance(event, (TrajectoryFinished, RolesChanged)):
             cmds += self._tail.isolate(view, self._rolling(), self._queue, self._ahead, cmds)
         return cmds
 
@@ -215,9 +210,9 @@ class Elastic(FixedSplit, Configured):
         """New engines with weights older than the trainer's (a driver may load the weights
         when the switch starts, and an optimizer step can end meanwhile) get a sync."""
         version = view.trainer().version
-        engines = view.engines()
-        stale = tuple(sorted({e for e in (view.engine_of(g) for g in gpus)
-                              if e in engines and view.engine(e).version < version}))
+        engines = set(view.engines())  # (each engine once: an engine's GPUs arrive together)
+        stale = tuple(sorted(e for e in {view.engine_of(g) for g in gpus}
+                             if e in engines and view.engine(e).version < version))
         return [SyncWeights(stale)] if stale else []
 
     def _send(self, view: ClusterView, gpus: tuple[int, ...], role: Role,
@@ -242,9 +237,9 @@ class Elastic(FixedSplit, Configured):
         return step - self._ahead
 
     # ----------------------------------------------------------------- rollout
-    def _release_batches(self, view: ClusterView) -> None:
+    def _release_batches(self, view: ClusterView, tr: TrainerInfo) -> None:
         """Queue every batch the trainer's weights allow (s - k <= version)."""
-        last = min(view.trainer().version + self._ahead, view.num_steps - 1)
+        last = min(tr.version + self._ahead, view.num_steps - 1)
         while self._released <= last:
             batch = view.batch(self._released)
             self._queue.add(self._released, batch)
@@ -265,74 +260,6 @@ class Elastic(FixedSplit, Configured):
                 self._queue.add(s, tuple(t for t in stopped if t not in cut), front=True)
                 # (a cut one resumes with the step that trains it, on its weights)
                 self._queue.add(s + 1, tuple(t for t in stopped if t in cut), front=True)
-
-    def _reclaim(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
-        """Bring trainer GPUs back to rollout while queued work has no engine to go to."""
-        if not self._queue or not tr.gpus:
-            return []
-        tp = view.tp
-        queued = len(self._queue)  # what the engines up now could not take
-        if queued <= 0:
-            return []
-        stranded = not view.engines() and not self._switches.coming(view)
-        if not stranded and not self._hold and self._meter.rollout_s is not None and not self._pays(self._meter.rollout_s):
-            # a batch's rollout is over before an engine taken back would have paid for
-            # its switch: the queue goes to the engines already rolling out (not in a held
-            # split: its trainer gives back what is above its side, for every later batch)
-            self._cap = 1 << 30
-            return []
-        coming = self._switches.coming(view) // tp
-        want = math.ceil(queued / min(self._cap, self._even)) - coming  # engines it still needs
-        if want <= 0:
-            return []
-        keep = self._training.keep(view, self._rolling()) if self.config.staleness else 0
-        if self._hold:
-            keep = self._hold  # a held split: the trainer keeps its side
-        if not view.engines() and not coming:
-            keep = 0  # no engine rolls out: the queue would wait forever
-        # (GPUs already sent away stay in TRAIN until their micro-batch ends: not twice)
-        free = tuple(g for g in tr.gpus if g not in self._switches.moving)
-        spare = (len(free) - keep) // tp
-        if spare <= 0:
-            return []
-        n = spare if self._hold else min(spare, want)  # (a held split: back to its sides)
-        left = len(free) - n * tp
-        take = free[len(free) - n * tp:]
-        if 0 < left < tr.min_gpus:  # never shrink the trainer below its floor (refused)
-            if keep:
-                n = (len(free) - tr.min_gpus) // tp
-                if n <= 0:
-                    return []
-                take = free[len(free) - n * tp:]
-            else:  # empty it (GPUs short of a whole engine go IDLE: back_to_rollout)
-                take = free
-        rollout, idle = back_to_rollout(view, take)
-        out: list[Command] = []
-        if rollout and idle:
-            # Each Reassign must leave the trainer at its floor or empty (the contract's check:
-            # a GPU left behind that could have gone along counts). Emptying it takes two
-            # (whole engines to rollout, the rest idle); when the first would be refused, the
-            # other order, and if that is refused too every trainer GPU goes idle at once
-            # and whole engines roll out from there (after failures the trainer sat at its
-            # floor with GPUs whose engines were not whole; found under the fingerprint's
-            # fault schedule, where rollout first was refused).
-            if _legal(view, Reassign(rollout, Role.ROLLOUT)):
-                return self._send(view, rollout, Role.ROLLOUT) + self._send(view, idle, Role.IDLE)
-            if _legal(view, Reassign(idle, Role.IDLE)):
-                return self._send(view, idle, Role.IDLE) + self._send(view, rollout, Role.ROLLOUT)
-            mine = set(tr.gpus)
-            return self._send(view, tuple(sorted(g for g in rollout + idle if g in mine)), Role.IDLE)
-        if rollout:
-            out += self._send(view, rollout, Role.ROLLOUT)
-        if idle:
-            out += self._send(view, idle, Role.IDLE)
-        return out
-
-    def _pays(self, seconds: float) -> bool:
-        """Is moving GPUs for work of ``seconds`` worth a switch there and back (as far as
-        measured: before the first switch was timed, it is)?"""
-        sw = self._meter.switch_s
-        return sw is None or seconds > 2.0 * sw
 
     # ---------------------------------------------------------------- training
     def _train(self, view: ClusterView, tr: TrainerInfo) -> MicroBatch | OptimizerStep | None:
@@ -408,14 +335,15 @@ class Elastic(FixedSplit, Configured):
             return []  # a held split: the trainer grows to its side only (_grow_to_hold)
         if totals.engines <= floor:
             return []
+        if totals.engines_with_queue or totals.unbound:
+            return []  # engines are saturated (KV full): shrinking would only lengthen queues
         steps = self._rolling()
         if not (self._training.backlog(view, steps) or (self._in_micro and over)):
             return []  # nothing to train yet: freed GPUs would only wait
-        if totals.engines_with_queue or totals.unbound:
-            return []  # engines are saturated (KV full): shrinking would only lengthen queues
-        oldest = min(range(s, self._released), key=lambda x: (view.unfinished(x) == 0, x))
-        if live >= self.config.tail * len(view.batch(oldest)) and not over and self.config.tail < 1.0:
-            return []
+        if self.config.tail < 1.0 and not over:
+            oldest = min(range(s, self._released), key=lambda x: (view.unfinished(x) == 0, x))
+            if live >= self.config.tail * len(view.batch(oldest)):
+                return []
         # (an engine sent to the trainer earlier in this decision, by _grow_to_hold, is still
         # listed by the view, which does not change while the policy decides: not twice)
         loads = view.engine_loads()
@@ -424,26 +352,26 @@ class Elastic(FixedSplit, Configured):
             loads = tuple(el for el in loads if el[0] not in gone)
         if not loads:
             return []
-        ids = [e for e, _ in loads]
-        cap = view.engine(ids[0]).kv_capacity
+        cap = view.engine(loads[0][0]).kv_capacity
         by_load = math.ceil(live / self._cap)
-        by_kv = math.ceil(totals.kv_used / (self.config.kv_limit * cap)) if cap else len(ids)
+        by_kv = math.ceil(totals.kv_used / (self.config.kv_limit * cap)) if cap else len(loads)
         if (self.config.hedge and self._ahead and not tr.gpus and not self._switches.moving
                 and self._training.backlog(view, steps) >= live):
             # Do no harm: the trainer starts empty (train_share=0) and forms from engines the
             # tail frees; when none frees (no long tail: every engine still holds a few),
             # training would wait for the batch's end, where a fixed split trains as it goes.
             by_kv = 0
-        busy = sum(1 for _, load in loads if load)
+        busy = len(loads) - list(map(_LOAD, loads)).count(0)  # (engines with a load; in C)
         keep = max(floor, min(busy, max(by_load, by_kv)))
-        release = len(ids) - keep
+        release = len(loads) - keep
         short = tr.min_gpus - len(tr.gpus)  # a trainer below its memory floor runs nothing
         if short > 0 and release * view.tp < short:
             return []  # the engines free now cannot lift it to its floor: they would idle
         if release <= 0:
             return []
-        # the least loaded go (of equal loads, the highest ids)
-        victims = sorted(loads, key=lambda el: (el[1], -el[0]))[:release]
+        # the least loaded go (of equal loads, the highest ids: a stable sort by load of the
+        # engines in descending id order)
+        victims = sorted(reversed(loads), key=_LOAD)[:release]
         gpus = tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
         if (self._ahead and floor and tr.gpus and short <= 0
                 and not self._training.gains(view, steps, len(tr.gpus), len(gpus))):

@@ -80,6 +80,8 @@ class Switches:
         sent in this decision is still in its old role in the view (rolling out, or idle
         after a failure) and stays counted: else consolidation, later in the same decision,
         could send it to the trainer again, and reclaim take engines for work it will take."""
+        if not self.to_rollout and not self.moving:
+            return 0  # (nothing under way, most events: nothing to forget)
         on_way = (Role.SWITCHING, Role.TRAIN)
         failed = set(view.failed_gpus())
         fresh = self.sent_now
