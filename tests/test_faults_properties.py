@@ -81,3 +81,24 @@ def test_async_dispatches_to_an_engine_that_came_back_with_newer_weights():
     out = run(df, [["T0"], ["T1"]], "async:rollout_fraction=0.5,staleness=0", gpus=2, tp=1, sandbox_slots=1,
               check=True, faults=sched)
     assert out.result.complete and out.result.state.version == 2
+
+
+def test_steal_sends_nothing_to_an_engine_a_held_split_takes_in_the_same_decision():
+    """Found by the property above (``--hypothesis-seed=659``): staleness-1 elastic on 2
+    single-GPU engines, a GPU failure an hour on average (seed 1). After the failure the
+    recovered engine came back idle; in one decision the held split grew the trainer by
+    that idle engine and tail stealing, which the view (unchanged while the policy decides)
+    still showed idle, moved a trajectory onto it: 'Move to engine 0, which is not an active
+    rollout engine'. Stealing now skips engines sent out of rollout in the decision."""
+    import pandas as pd
+
+    rows = [("task0", "T0", 0, 0, 0, 0.0), ("task1", "T1", 0, 0, 8, 0.0), ("task2", "T2", 0, 0, 1, 0.5),
+            ("task0", "T3", 0, 0, 7, 0.0), ("task1", "T4", 0, 0, 0, 0.0), ("task2", "T5", 0, 0, 1, 0.5)]
+    df = pd.DataFrame(rows, columns=["task_id", "trajectory_id", "turn", "prompt_tokens", "output_tokens",
+                                     "env_seconds"])
+    sched = FaultSchedule((Fault("gpu", per_hour=60.0),), seed=1, recover_s=0.5, restart_s=0.0,
+                          tool_timeout_s=1.0, sync_retry_s=0.0)
+    out = run(df, [["T0", "T3"], ["T1", "T4"], ["T2", "T5"]], "elastic:staleness=1", gpus=2, tp=1,
+              sandbox_slots=1, check=True, faults=sched)
+    assert out.result.complete
+    assert all(ts.status.value == "trained" for ts in out.result.state.trajs.values())

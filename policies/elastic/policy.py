@@ -203,8 +203,12 @@ class Elastic(FixedSplit, Reclaim, Configured):
         return range(max(0, self._train_step - 1), self._released)
 
     def _steal(self, view: ClusterView) -> list[Command]:
-        """``steal``: engines consolidation kept idle take work off crowded ones (:mod:`.tail`)."""
-        return self._tail.steal(view, self._rolling()) if self.config.steal else []
+        """``steal``: engines consolidation kept idle take work off crowded ones (:mod:`.tail`),
+        but none sent out of rollout in this decision (``_grow_to_hold``'s)."""
+        if not self.config.steal:
+            return []
+        leaving = frozenset(view.engine_of(g) for g in self._switches.sent_now)
+        return self._tail.steal(view, self._rolling(), leaving)
 
     def _refresh(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
         """New engines with weights older than the trainer's (a driver may load the weights

@@ -117,10 +117,14 @@ class TailSpreader:
         loads[dst] = loads.get(dst, 0) + 1
         return Move((t,), engine=dst)
 
-    def steal(self, view: ClusterView, steps: range) -> list[Command]:
+    def steal(self, view: ClusterView, steps: range, leaving: frozenset[int] = frozenset()) -> list[Command]:
         """``steal``: engines that stay in rollout with nothing to do (consolidation kept
         them) each take the live trajectory predicted longest from the most crowded engine
-        that holds at least ``_CROWDED``: the tail then spreads out, where decode is fastest."""
+        that holds at least ``_CROWDED``: the tail then spreads out, where decode is fastest.
+        ``leaving``: engines sent out of rollout in this decision, which the view (unchanged
+        while the policy decides) still lists as idle: they take nothing (a held split grew
+        its trainer by an idle engine, then stealing moved a trajectory onto it, which the
+        driver refused: 'Move to engine 0, which is not an active rollout engine')."""
         loads = view.engine_loads()
         # an engine that took a trajectory is not idle again until that one is over: its
         # load shows the move only once the context has arrived, and two steals onto one
@@ -132,7 +136,7 @@ class TailSpreader:
         if self._spread(loads)[1] < _CROWDED:
             return []
         idle = [e for e, load in loads
-                if load == 0 and e not in self._stolen_to and not view.engine(e).syncing]
+                if load == 0 and e not in self._stolen_to and e not in leaving and not view.engine(e).syncing]
         if not idle:
             return []
         by_engine: dict[int, list[tuple[float, str]]] = {}
