@@ -3,8 +3,10 @@ shared handling of worker failures (:class:`Retries`, :func:`usable`, :func:`rej
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 from rlsched.cluster.commands import Command, Dispatch, Reassign
-from rlsched.cluster.ids import GpuId, Role, TrajectoryId, TrajStatus
+from rlsched.cluster.ids import EngineId, GpuId, Role, TrajectoryId, TrajStatus
 from rlsched.cluster.view import ClusterView
 
 
@@ -60,6 +62,15 @@ def rejoin(view: ClusterView, gpu: GpuId, role: Role) -> list[Command]:
     if all(view.role(g) is Role.IDLE and g not in failed for g in group):
         return [Reassign(group, Role.ROLLOUT)]
     return []
+
+
+def least_loaded_gpus(view: ClusterView, loads: tuple[tuple[EngineId, int], ...], n: int) -> tuple[GpuId, ...]:
+    """GPUs of the ``n`` least loaded engines of ``loads`` ((engine, load) in ascending id,
+    as ``view.engine_loads()`` gives them), of equal loads the highest ids, in engine order:
+    the engines a policy gives up first (a stable sort by load of the engines in descending
+    id order, the same order as the key (load, -id))."""
+    victims = sorted(reversed(loads), key=itemgetter(1))[:n]
+    return tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
 
 
 def idle_engines(view: ClusterView) -> tuple[GpuId, ...]:

@@ -15,7 +15,7 @@ from rlsched.cluster.ids import Role, TrajStatus
 from rlsched.cluster.legality import check as legality_check
 from rlsched.cluster.state import ClusterState
 from rlsched.policies import make_policy
-from rlsched.policies.elastic.split import held_trainer_gpus, share_while_coming
+from rlsched.policies.elastic.split import at_trainer_floor, held_trainer_gpus, share_while_coming
 
 
 def test_the_share_while_coming_spreads_what_is_in_flight_over_the_engines_up_and_coming():
@@ -137,3 +137,12 @@ def test_emptying_a_trainer_never_leaves_it_below_its_floor_between_two_reassign
     assert _stranded_trainer(floor=4) == [((2, 3, 4), Role.IDLE)]
     # 5 failed instead (4 could not have gone along): rollout first, as always
     assert _stranded_trainer(floor=2, failed=(5,)) == [((2, 3), Role.ROLLOUT), ((4,), Role.IDLE)]
+
+
+def test_the_trainer_is_lifted_to_its_floor_in_whole_engines_or_not_formed():
+    # 4 GPUs asked, floor 6, engines of 4: 8 GPUs; room for at most 8: formed
+    assert at_trainer_floor(4, 6, 4, 8) == 8
+    # the same with room for 4 only: no trainer (0), not one below its floor
+    assert at_trainer_floor(4, 6, 4, 4) == 0
+    # at or above the floor: as asked
+    assert at_trainer_floor(8, 6, 4, 12) == 8

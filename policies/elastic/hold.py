@@ -25,13 +25,12 @@ here whole from the former single module (``policies/elastic.py``); they read th
 
 from __future__ import annotations
 
-import math
-
 from rlsched.cluster.commands import Command
 from rlsched.cluster.ids import Drain, Role
 from rlsched.cluster.view import ClusterView, TrainerInfo
 
-from .split import held_trainer_gpus
+from ..common import least_loaded_gpus
+from .split import at_trainer_floor, held_trainer_gpus
 
 
 class FixedSplit:
@@ -48,12 +47,8 @@ class FixedSplit:
             return 0
         engines = view.num_gpus // view.tp
         gpus = min(engines - 1, max(1, round(self.config.train_share * engines))) * view.tp
-        floor = view.trainer().min_gpus  # (a trainer below its memory floor runs nothing)
-        if gpus < floor:
-            gpus = math.ceil(floor / view.tp) * view.tp
-            if gpus > view.num_gpus - view.tp:
-                return 0  # no room for both: the trainer forms when the rollout frees it
-        return gpus
+        # (0 when no room is left for both: the trainer forms when the rollout frees it)
+        return at_trainer_floor(gpus, view.trainer().min_gpus, view.tp, view.num_gpus - view.tp)
 
     def _hold_gpus(self, view: ClusterView) -> int:
         """``hold``: GPUs of the trainer's side of a fixed split to hold, or 0 to go on moving
@@ -93,6 +88,5 @@ class FixedSplit:
         n = min((self._hold - have) // view.tp, len(ids) - self.config.min_engines)
         if n <= 0:
             return []
-        victims = sorted(view.engine_loads(), key=lambda el: (el[1], -el[0]))[:n]
-        gpus = tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
+        gpus = least_loaded_gpus(view, view.engine_loads(), n)
         return self._send(view, gpus, Role.TRAIN, Drain(self.config.drain))

@@ -62,7 +62,7 @@ from rlsched.cluster.ids import Drain, Role, TrajStatus
 from rlsched.cluster.policy import Configured
 from rlsched.cluster.view import ClusterView, TrainerInfo
 
-from ..common import idle_engines, usable
+from ..common import idle_engines, least_loaded_gpus, usable
 from ..meter import Meter
 from ..placement import LateQueue, per_engine_cap
 from ..predict import LengthPredictor
@@ -175,7 +175,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
         placed = self._queue.place(view, cap, self._min_version,
                                    self._predictor.remaining if self.config.order == "longest" else None,
                                    hold=coming // view.tp,
-                                   skip=frozenset(view.engine_of(g) for c in grow for g in c.gpus))
+                                   skip=self._switches.engines_sent(view))
         cmds += placed
         cmds += self._reclaim(view, tr)
         cmds += self._cut_tail(view, tr)
@@ -207,8 +207,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
         but none sent out of rollout in this decision (``_grow_to_hold``'s)."""
         if not self.config.steal:
             return []
-        leaving = frozenset(view.engine_of(g) for g in self._switches.sent_now)
-        return self._tail.steal(view, self._rolling(), leaving)
+        return self._tail.steal(view, self._rolling(), self._switches.engines_sent(view))
 
     def _refresh(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
         """New engines with weights older than the trainer's (a driver may load the weights
@@ -352,7 +351,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
         # listed by the view, which does not change while the policy decides: not twice)
         loads = view.engine_loads()
         if self._switches.sent_now:
-            gone = {view.engine_of(g) for g in self._switches.sent_now}
+            gone = self._switches.engines_sent(view)
             loads = tuple(el for el in loads if el[0] not in gone)
         if not loads:
             return []
@@ -373,10 +372,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
             return []  # the engines free now cannot lift it to its floor: they would idle
         if release <= 0:
             return []
-        # the least loaded go (of equal loads, the highest ids: a stable sort by load of the
-        # engines in descending id order)
-        victims = sorted(reversed(loads), key=_LOAD)[:release]
-        gpus = tuple(g for e in sorted(e for e, _ in victims) for g in view.engine_gpus(e))
+        gpus = least_loaded_gpus(view, loads, release)
         if (self._ahead and floor and tr.gpus and short <= 0
                 and not self._training.gains(view, steps, len(tr.gpus), len(gpus))):
             # With staleness the engines must come back for the next batch: a move that

@@ -35,6 +35,15 @@ def share_while_coming(cap: int, in_flight: int, up: int, coming: int, pack: flo
     return min(cap, per_engine_cap(in_flight, up + coming, pack))
 
 
+def at_trainer_floor(gpus: int, floor: int, tp: int, most: int) -> int:
+    """``gpus`` for the trainer lifted to its memory ``floor`` (a trainer below it runs
+    nothing) in whole engines of ``tp``, or 0 when that is more than ``most`` (no room left
+    to roll out): the one rule for the reserved trainer and the held side."""
+    if gpus < floor:
+        gpus = math.ceil(floor / tp) * tp
+    return 0 if gpus > most else gpus
+
+
 def held_trainer_gpus(step_gpu_s: float, switch_s: float, gpus: int, tp: int, floor: int) -> int:
     """``hold``: the GPUs of the trainer's side of a fixed split to hold, or 0 when moving
     GPUs between the roles can pay. ``step_gpu_s``: the last step's training at the
@@ -62,10 +71,8 @@ def held_trainer_gpus(step_gpu_s: float, switch_s: float, gpus: int, tp: int, fl
     engines = gpus // tp
     if engines < 2 or switch_s < 0 or step_gpu_s < 0:
         return 0
-    side = (engines + 1) // 2 * tp
-    if side < floor:
-        side = math.ceil(floor / tp) * tp
-    if side > (engines - 1) * tp:
+    side = at_trainer_floor((engines + 1) // 2 * tp, floor, tp, (engines - 1) * tp)
+    if not side:
         return 0  # no room for both sides: nothing to hold
     saving = step_gpu_s / side - step_gpu_s / (engines * tp)
     return side if saving <= 2.0 * switch_s else 0

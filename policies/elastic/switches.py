@@ -40,6 +40,13 @@ class Switches:
         """A new decision starts (nothing sent in it yet)."""
         self.sent_now.clear()
 
+    def engines_sent(self, view: ClusterView) -> frozenset[int]:
+        """Engines of the GPUs sent in the decision under way. The view does not change while
+        the policy decides, so it still lists them in their old role (an engine sent to the
+        trainer still rolls out, idle): nothing may be placed on, stolen onto or released
+        from them again in this decision."""
+        return frozenset(view.engine_of(g) for g in self.sent_now)
+
     def send(self, view: ClusterView, gpus: tuple[int, ...], role: Role,
              drain: Drain = Drain.MIGRATE) -> list[Command]:
         """The Reassign of ``gpus`` to ``role``, recorded as under way."""
