@@ -6,6 +6,7 @@ from __future__ import annotations
 from operator import itemgetter
 
 from rlsched.cluster.commands import Command, Dispatch, Reassign
+from rlsched.cluster.errors import PolicyError
 from rlsched.cluster.ids import EngineId, GpuId, Role, TrajectoryId, TrajStatus
 from rlsched.cluster.view import ClusterView
 
@@ -24,9 +25,19 @@ def engine_split(view: ClusterView, rollout_fraction: float) -> tuple[tuple[int,
     """
     engines = view.num_gpus // view.tp
     r = min(engines - 1, max(1, round(engines * rollout_fraction)))
-    floor = view.trainer().min_gpus
+    tr = view.trainer()
+    floor = tr.min_gpus
     if floor > 1:
         r = max(1, min(r, engines - -(-floor // view.tp)))
+        if view.num_gpus - r * view.tp < floor:
+            # no fixed split fits: the trainer would sit below its floor for the whole run
+            # and the run stall (found on 8 GPUs of the default preset, floor 8)
+            need = -(-floor // view.tp) * view.tp + view.tp
+            raise PolicyError(
+                f"a fixed split of {view.num_gpus} GPUs leaves the trainer {view.num_gpus - r * view.tp}, "
+                f"below its memory floor of {floor}{f' ({tr.floor_reason})' if tr.floor_reason else ''}: "
+                f"it needs at least {need} GPUs (the floor and one engine of {view.tp}); policies that "
+                "move GPUs between the roles (colocated, partial, elastic) run on this cluster")
     cut = r * view.tp
     return tuple(range(cut)), tuple(range(cut, view.num_gpus))
 

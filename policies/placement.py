@@ -53,14 +53,16 @@ class LateQueue:
 
     def place(self, view: ClusterView, cap: int, min_version: Callable[[int], int],
               predict: Predict | None, hold: int = 0,
-              skip: frozenset[EngineId] = frozenset()) -> list[Command]:
+              skip: frozenset[EngineId] = frozenset(), unpinned: bool = False) -> list[Command]:
         """Dispatch queued trajectories to active engines whose load is below ``cap`` and
         whose weights are at least ``min_version(step)``, oldest step first and, within a
         step, longest predicted first (ties: queue order), each to the least loaded such
         engine (ties: lowest id). The ``hold`` longest predicted of the oldest step stay
         queued: they wait for empty engines on their way (switching into rollout) instead
         of joining a crowded one now. Engines in ``skip`` (leaving rollout in the same
-        decision) take nothing."""
+        decision) take nothing. ``unpinned``: the same trajectories, in the same order, go
+        to the cluster's queue instead of the engines chosen (the driver binds each where KV
+        is free and requeues one an engine preempts)."""
         if not self:
             return []
         cur = {e: load for e, load in view.engine_loads() if load < cap and e not in skip}
@@ -98,6 +100,8 @@ class LateQueue:
                 else:
                     heapq.heappop(heap)
             self._steps[step] = [t for j, t in enumerate(queue) if j not in placed]
+        if unpinned:
+            return [Dispatch(tuple(t for _, ts in sorted(out.items()) for t in ts))] if out else []
         return [Dispatch(tuple(ts), engine=e) for e, ts in sorted(out.items())]
 
 

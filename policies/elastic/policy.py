@@ -175,7 +175,8 @@ class Elastic(FixedSplit, Reclaim, Configured):
         placed = self._queue.place(view, cap, self._min_version,
                                    self._predictor.remaining if self.config.order == "longest" else None,
                                    hold=coming // view.tp,
-                                   skip=self._switches.engines_sent(view))
+                                   skip=self._switches.engines_sent(view),
+                                   unpinned=tr.min_gpus > view.num_gpus - view.tp)
         cmds += placed
         cmds += self._reclaim(view, tr)
         cmds += self._cut_tail(view, tr)
@@ -334,6 +335,12 @@ class Elastic(FixedSplit, Reclaim, Configured):
             floor = 0
         elif stuck:
             floor = min(floor, totals.engines - 1)
+        short = tr.min_gpus - len(tr.gpus)  # a trainer below its memory floor runs nothing
+        if over and floor and short > 0 and (totals.engines - floor) * view.tp < short:
+            # the engines min_engines keeps are what the trainer's memory floor needs (a
+            # cluster smaller than the floor and an engine): with nothing live they all go,
+            # or no step would ever train (a stall, found on 8 GPUs of the default preset)
+            floor = max(0, totals.engines - -(-short // view.tp))
         if self._hold and not (over and self._released >= view.num_steps):
             return []  # a held split: the trainer grows to its side only (_grow_to_hold)
         if totals.engines <= floor:
@@ -367,7 +374,6 @@ class Elastic(FixedSplit, Reclaim, Configured):
         busy = len(loads) - list(map(_LOAD, loads)).count(0)  # (engines with a load; in C)
         keep = max(floor, min(busy, max(by_load, by_kv)))
         release = len(loads) - keep
-        short = tr.min_gpus - len(tr.gpus)  # a trainer below its memory floor runs nothing
         if short > 0 and release * view.tp < short:
             return []  # the engines free now cannot lift it to its floor: they would idle
         if release <= 0:
