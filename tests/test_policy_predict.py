@@ -126,3 +126,22 @@ def test_length_tally_answers_as_the_scan_does() -> None:
         for d in (0, 1, 5, 63, 64, 150, 999, 2000, rng.randrange(0, 1600)):
             assert tally.remaining(d) == conditional_remaining(seen, d)
     assert LengthTally().remaining(7) == conditional_remaining([], 7)
+
+
+def test_a_trajectory_at_the_one_length_every_sibling_ended_at_is_at_its_end():
+    """``remaining`` cannot tell "as long as every finished one" from "longer than all of
+    them" (both: as many turns again); ``at_end`` tells the first, with no spread at all."""
+    p = LengthPredictor()
+    assert not p.at_end("t", 6)  # nothing finished: nothing known
+    for task in ("a", "b", "c"):
+        p.observe(task, 6)
+    assert p.at_end("t", 6) and p.at_end("a", 6)
+    assert not p.at_end("t", 5) and not p.at_end("t", 7)
+    p.observe("d", 9)  # a spread anywhere in the run: a trajectory at 6 may go on
+    assert not p.at_end("t", 6) and not p.at_end("a", 6)
+    q = LengthPredictor()
+    q.observe("a", 4)
+    q.observe("a", 4)
+    q.observe("b", 7)  # two siblings alike by chance, in a run with a spread: not the end
+    assert not q.at_end("a", 4)
+    assert not OracleLengths({"x": 4}).at_end("t", 4)  # the reference's moves are unchanged
