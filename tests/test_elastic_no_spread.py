@@ -30,3 +30,16 @@ def test_elastic_moves_nothing_about_to_end_on_a_trace_with_no_length_spread(cas
     col = simulate(w, b, make_policy("colocated"), cfg, cost).result.makespan
     el = simulate(w, b, make_policy("elastic"), cfg, cost).result.makespan
     assert el <= 1.01 * col, (el, col)
+
+
+def test_the_rest_of_a_step_trains_as_one_micro_batch_once_the_trainer_holds_all_it_will_get():
+    """With the whole step finished at once and every GPU in the trainer, elastic trained it
+    in micro-batches of one trajectory per GPU, each paying a gradient reduction: 4.6%
+    behind colocated, which trains a step as one job (310.2 vs 296.6 s)."""
+    df = generate_trace("uniform", seed=467317, tasks=16 * 8, samples=8, turns_scale=0.1)
+    w, b = Workload.from_frame(df), draw_batches(df, 8, 16)
+    cfg = RunConfig(gpus=32, tp=2, steps=8)
+    cost = default_cost()
+    col = simulate(w, b, make_policy("colocated"), cfg, cost).result.makespan
+    el = simulate(w, b, make_policy("elastic"), cfg, cost).result.makespan
+    assert el <= 1.001 * col, (el, col)
