@@ -43,3 +43,19 @@ def test_the_rest_of_a_step_trains_as_one_micro_batch_once_the_trainer_holds_all
     col = simulate(w, b, make_policy("colocated"), cfg, cost).result.makespan
     el = simulate(w, b, make_policy("elastic"), cfg, cost).result.makespan
     assert el <= 1.001 * col, (el, col)
+
+
+def test_a_held_split_trains_what_is_ready_in_one_micro_batch():
+    """Holding async's own split (16 of 32 GPUs training), staleness-1 elastic still trained
+    in micro-batches of one trajectory per GPU, a gradient reduction each, for a trainer no
+    GPU could join: 172.4 s against the best async's 145.0 s (18.9% behind); now 161.2 s.
+    Pinned at its measured gap (a known one, in the README): what is left is the first
+    step's moves, made before anything was measured, and the switches into the held split."""
+    df = generate_trace("uniform", seed=467317, tasks=16 * 8, samples=8, turns_scale=0.1)
+    w, b = Workload.from_frame(df), draw_batches(df, 8, 16)
+    cfg = RunConfig(gpus=32, tp=2, steps=8)
+    cost = default_cost()
+    best = min(simulate(w, b, make_policy(f"async:rollout_fraction={f},staleness=1"), cfg, cost).result.makespan
+               for f in (0.25, 0.375, 0.5, 0.625, 0.75))
+    el = simulate(w, b, make_policy("elastic:staleness=1"), cfg, cost).result.makespan
+    assert el <= 1.115 * best, (el, best)

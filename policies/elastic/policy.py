@@ -279,11 +279,13 @@ class Elastic(FixedSplit, Reclaim, Configured):
             return None  # GPUs sent with those that just joined end their switch now too: wait
         ready = self._cuts.ready(view, s)
         if ready:
-            # (the step's last: nothing more of it to come, no GPU on its way, none rolling
-            # out -- the trainer holds all it will get: see Training.micro_batch)
-            last = (not self._switches.to_train and not view.engines()
-                    and self._cuts.unfinished(view, s, self._queue) == 0)
-            return self._training.micro_batch(view, len(tr.gpus), ready, self._switches.to_train, last)
+            # (no GPU can join a later micro-batch -- none on its way, and either none rolls
+            # out and nothing more of the step is to come, or a held split's trainer is at
+            # its side: see Training.micro_batch)
+            whole = not self._switches.to_train and (
+                (not view.engines() and self._cuts.unfinished(view, s, self._queue) == 0)
+                or 0 < self._hold == len(tr.gpus))
+            return self._training.micro_batch(view, len(tr.gpus), ready, self._switches.to_train, whole)
         if self._cuts.unfinished(view, s, self._queue) == 0 and self._in_micro == self._cuts.size(view, s):
             self._opt_sent = True
             return OptimizerStep()
