@@ -4,8 +4,9 @@
 It is strictly above every other term where a later step carries more work than its
 longest trajectory takes alone (the chain let two batches run as a pair on a cluster that
 cannot do both batches' work in that time), and no run of any policy -- every registered
-one, a random legal schedule -- beats it on small crowded runs (several trajectories per
-GPU, KV reads that batching cannot share), where it binds in about one run in ten.
+one, a random legal schedule, with and without faults -- beats it on small crowded runs
+(several trajectories per GPU, KV reads that batching cannot share), where it binds in
+about one run in ten.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from hypothesis import strategies as st
 from test_bound_hunt import COSTS, HUNT, SHIPPED, RandomLegal
 
 from rlsched.cluster.config import RunConfig
+from rlsched.cluster.errors import RlschedError
+from rlsched.cluster.faults import Fault, FaultSchedule
 from rlsched.policies import available, parse_spec
 from rlsched.sim.bound import (
     bound_terms,
@@ -136,3 +139,20 @@ def test_no_random_legal_schedule_beats_the_window_term_on_crowded_runs(w, seed,
     assert out.result.complete
     assert out.result.makespan >= out.bound_terms["window"] * (1 - 1e-9), (
         f"beat the window term: {out.result.makespan} < {out.bound_terms}")
+
+
+@settings(max_examples=60 * HUNT, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(w=crowded_runs(), spec=st.sampled_from(SHIPPED), cost=st.sampled_from(sorted(COSTS)),
+       seed=st.integers(0, 1000),
+       kinds=st.sets(st.sampled_from(["gpu", "tool", "trainer", "sync"]), min_size=1))
+def test_no_policy_beats_the_window_term_on_crowded_runs_under_faults(w, spec, cost, seed, kinds):
+    # (faults take GPUs away and add work: the window's GPU-seconds only grow)
+    df, steps, gpus, _ = w
+    gpus = max(gpus, 2) if gpus % 2 == 0 else gpus + 1
+    faults = FaultSchedule(tuple(Fault(k, per_hour=1800.0) for k in sorted(kinds)), seed=seed)
+    try:
+        out = run(df, steps, spec, gpus=gpus, cost=COSTS[cost], faults=faults)
+    except RlschedError:  # (a run faults leave unable to finish: not a question for the bound)
+        return
+    if out.result.complete:
+        assert out.result.makespan >= out.bound_terms["window"] * (1 - 1e-9)
