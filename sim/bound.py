@@ -78,9 +78,10 @@ of each proof follows):
   an engine only add). The cluster has ``G`` GPUs, so ``E_b >= E_a + that / G``; ``a = -1``
   is the first switch's end, with the rollout of steps ``0 .. b``. ``E_a`` is taken from the
   same recursion, the chain's step value being the other candidate. A dropped trajectory is
-  left out (its rollout has no deadline); faults only take GPUs away and add work. It binds where later steps carry much more work than their longest trajectory
-  (episodes that grow over the run): the chain lets batches s and s+1 run as a pair on a
-  cluster that could not do both batches' work in the pair's time.
+  left out (its rollout has no deadline); faults only take GPUs away and add work. It binds
+  where a window's work over the GPUs outweighs its longest trajectories (few GPUs per
+  trajectory, episodes that grow over the run): the chain lets batches s and s+1 run as a
+  pair on a cluster that could not do both batches' work in the pair's time.
 
 Only the turns a run actually kept count (a trajectory cut at KV capacity or trained as
 partial did less work), and a dropped trajectory is charged its rollout but no training,
