@@ -341,7 +341,10 @@ class Elastic(FixedSplit, Reclaim, Configured):
             floor = 0
         elif stuck:
             floor = min(floor, totals.engines - 1)
-        short = tr.min_gpus - len(tr.gpus)  # a trainer below its memory floor runs nothing
+        # a trainer below its memory floor runs nothing; GPUs on their way to it count (an
+        # engine emptied a moment after the others waited for them to arrive, then switched:
+        # a second switch on the critical path, every step)
+        short = tr.min_gpus - len(tr.gpus) - sum(len(k) for k in self._switches.to_train)
         if over and floor and short > 0 and (totals.engines - floor) * view.tp < short:
             # the engines min_engines keeps are what the trainer's memory floor needs (a
             # cluster smaller than the floor and an engine): with nothing live they all go,
