@@ -8,7 +8,8 @@ steps (>= 12: 4-step runs are dominated by the first batch's warm-up):
   ``rollout_fraction`` 0.25..0.75 at staleness 0 and 1; partial (resume: staleness 1)
   swept over ``finish_fraction``;
 * elastic at staleness 0 and 1 (defaults: what a user who reads nothing else gets);
-* ``oracle`` (elastic placing by the trace's true lengths): an upper reference only;
+* ``oracle`` (elastic placing by the trace's true lengths): a reference only -- it sees the
+  future, yet it is no upper bound of the heuristic (slower than elastic at every point);
 * an ablation of elastic: length prediction off (``order=fifo``), late binding off
   (``pack=64``: a batch is bound to engines at once), packing the tail off
   (``kv_limit=0.01``: only emptied engines leave rollout), tail stealing off (``steal=false``:
@@ -178,7 +179,7 @@ def study(pool: ProcessPoolExecutor, trace: str, label: str, gpus: int, steps: i
         r = rows[s]
         k = min(r["k"], 1)
         tag = f" (best k={k} baseline)" if s in (best[0]["spec"], best[1]["spec"]) else ""
-        tag += " (upper reference)" if s.startswith("oracle") else ""
+        tag += " (reference: true lengths)" if s.startswith("oracle") else ""
         print(f"| {s}{tag} | {r['k']} | {r['seconds']:.0f} | {3600 * steps / r['seconds']:.3f} | "
               f"{r['bound']:.0f} | {100 * (r['seconds'] / r['bound'] - 1):.1f}% | "
               f"{col['seconds'] / r['seconds']:.3f}x | {best[k]['seconds'] / r['seconds']:.3f}x | "
