@@ -10,7 +10,7 @@ steps (>= 12: 4-step runs are dominated by the first batch's warm-up):
 * elastic at staleness 0 and 1 (defaults: what a user who reads nothing else gets);
 * ``oracle`` (elastic placing by the trace's true lengths): a reference only -- it sees the
   future, yet it is no upper bound of the heuristic (slower than elastic at all six default
-  points, faster on two of the three real-log traces);
+  points; faster on the three real-log traces of the README at staleness 1);
 * an ablation of elastic: length prediction off (``order=fifo``), late binding off
   (``pack=64``: a batch is bound to engines at once), packing the tail off
   (``kv_limit=0.01``: only emptied engines leave rollout), tail stealing off (``steal=false``:
