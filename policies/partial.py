@@ -85,7 +85,7 @@ class Partial(Configured):
         match event:
             case RunStarted():
                 return [Reassign(usable(view, Role.ROLLOUT), Role.ROLLOUT)]
-            case WorkerRecovered() | RolesChanged(role=Role.ROLLOUT) if phase_is_stuck(view, self._phase, self._step):
+            case WorkerRecovered() | RolesChanged() if phase_is_stuck(view, self._phase, self._step):
                 # failures left the phase without a GPU and nothing is switching (also when
                 # the step's rollout ended while a failure's reassign had every GPU failed
                 # or switching, so the move to training found none): move there now

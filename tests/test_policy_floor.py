@@ -114,3 +114,18 @@ def test_gpus_on_their_way_count_toward_the_trainers_floor() -> None:
     col = simulate(w, b, make_policy("colocated"), cfg, cost).result.makespan
     el = simulate(w, b, make_policy("elastic"), cfg, cost).result.makespan
     assert el <= 1.01 * col, (el, col)
+
+
+@pytest.mark.parametrize("spec", ["elastic", "elastic:staleness=1", "colocated", "partial"])
+def test_a_gpu_failure_on_a_cluster_of_the_trainers_floor_does_not_stall(floor_sized, spec) -> None:
+    """8 GPUs, floor 8: a failed GPU left the trainer at 7 (it runs nothing below its floor)
+    and, once the GPU was back, no rule sent it there -- elastic's return only whole engines
+    to rollout, and colocated and partial looked again only on a rollout role change, so a
+    recovery while other GPUs were switching to the trainer was missed: 'policy ... stalled
+    ... the trainer holds 7 GPUs, below its floor of 8' (all four, fault seed 0)."""
+    cost, w, _ = floor_sized
+    faults = FaultSchedule((Fault("gpu", per_hour=6.0), Fault("tool", per_hour=60.0),
+                            Fault("trainer", per_hour=3.0), Fault("sync", per_hour=6.0)), seed=0)
+    b8 = draw_batches(load_trace(sample_trace_path()), 4, 8)
+    out = simulate(w, b8, make_policy(spec), RunConfig(gpus=8, tp=4, steps=4, check=True, faults=faults), cost)
+    assert out.result.complete and out.result.state.version == 4
