@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from rlsched.cluster.errors import ConfigError
 from rlsched.traces.presets import GenParams, get_preset
 
 
@@ -59,6 +60,8 @@ def generate_trace(preset: str | GenParams, *, seed: int, **overrides: float) ->
     ``branch_turn``, ``reward``, ``truncated``. Task ids are ``t<k>``, trajectory ids
     ``t<k>-s<j>`` (sample ``j`` of task ``k``); a fork always follows its parent in the file.
     """
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"generate_trace: seed={seed!r} — expected a whole number >= 0")
     p = get_preset(preset)
     if overrides:
         p = p.replace(**overrides)
