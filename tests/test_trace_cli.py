@@ -98,3 +98,13 @@ def test_gen_like_refuses_zero_counts_and_options_it_cannot_honour(tmp_path, cap
         assert main(["trace", "gen", "--like", str(like), flag, "2", "--out", str(out)]) == 2
         assert f"{flag} does not apply with --like" in _one_error_line(capsys)
     assert not out.exists()
+
+
+def test_gen_token_scale_past_the_schema_bound_is_one_line(tmp_path, capsys):
+    """Token counts past 2**62 used to overflow the int64 cast (a RuntimeWarning on stderr)
+    and then fail validation as a row of the output file the user never wrote."""
+    out = tmp_path / "x.parquet"
+    assert main(["trace", "gen", "--tokens-scale", "1e16", "--out", str(out)]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith("rlsched: error: GenParams.tokens_scale=1e+16") and "2**62" in line
+    assert not out.exists()

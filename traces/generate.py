@@ -23,10 +23,17 @@ def _lognormal(rng: np.random.Generator, median: float, sigma: float, size: int)
     return median * np.exp(sigma * rng.standard_normal(size))
 
 
+#: The schema's bound on a token count; a larger float does not even cast to int64.
+_MAX_TOKENS = float(2**62)
+
+
 def _tokens(values: np.ndarray, scale: float, cap: float | None = None) -> np.ndarray:
     out = np.rint(values * scale)
     if cap is not None:
         out = np.minimum(out, np.rint(cap * scale))
+    if out.size and float(out.max()) >= _MAX_TOKENS:
+        raise ConfigError(f"GenParams.tokens_scale={scale!r} — token counts would reach "
+                          f"{float(out.max()):.3g}: expected a scale that keeps them below 2**62")
     return np.maximum(out, 1).astype(np.int64)
 
 
