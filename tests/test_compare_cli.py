@@ -64,6 +64,9 @@ def test_run_without_live_simulates_one_policy(tmp_path, small_trace):
         (["--policy", "async:fraction=0.5"], "unknown parameter 'fraction'"),
         (["--policies", "async:staleness=1"], "--policies takes plain names"),
         (["--gpus", "6", "--tp", "4"], "gpus=6 is not a multiple of tp=4"),
+        # an empty list used to run the defaults (colocated, async) without a word
+        (["--policies", ""], "--policies '': empty name in the list"),
+        (["--policies", " "], "--policies ' ': empty name in the list"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, small_trace, capsys, extra, needle):
