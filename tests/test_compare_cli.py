@@ -80,6 +80,22 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, small_trace, capsys,
     assert not list(tmp_path.glob(".never.tmp-*"))
 
 
+def test_out_of_memory_is_one_line_and_writes_nothing(tmp_path, small_trace, capsys, monkeypatch):
+    """A cluster too large for the machine (--gpus 100000000: the cluster state alone runs
+    out of memory) used to end in a MemoryError traceback."""
+    import rlsched.compare
+
+    def too_big(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(rlsched.compare, "simulate", too_big)
+    out = tmp_path / "never"
+    assert main(["run", "--policy", "colocated", "--trace", str(small_trace), "--out", str(out), *SMALL]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rlsched: error: out of memory:"), err
+    assert not out.exists() and not list(tmp_path.glob(".never.tmp-*"))
+
+
 def test_bad_trace_and_config(tmp_path, small_trace, capsys):
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not parquet at all")
