@@ -392,7 +392,6 @@ def write_collected(t: Tables, figures: dict[str, str], out_dir: Path, *, title:
     """Write the page and CSVs of tables :func:`collect` made (``rlsched compare`` takes its
     ``summary.csv`` from the same tables, so each record is read once)."""
     page = render_html(t, figures, title or _default_title(t))
-    out_dir.mkdir(parents=True, exist_ok=True)
     csvs: dict[str, pd.DataFrame] = {
         "summary.csv": t.summary, "breakdown.csv": t.breakdown, "bubbles.csv": t.bubbles,
         "staleness.csv": t.staleness, "waste.csv": t.waste, "length_bias.csv": t.length_bias,
@@ -400,10 +399,16 @@ def write_collected(t: Tables, figures: dict[str, str], out_dir: Path, *, title:
     }
     if t.learning is not None:
         csvs["learning.csv"] = t.learning
-    for name, df in csvs.items():
-        df.to_csv(out_dir / name, index=False)
     path = out_dir / "report.html"
-    path.write_text(page, encoding="utf-8")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, df in csvs.items():
+            df.to_csv(out_dir / name, index=False)
+        path.write_text(page, encoding="utf-8")
+    except OSError as exc:  # e.g. --out below a file: one line, no traceback
+        reason = os.strerror(exc.errno) if exc.errno else exc.__class__.__name__
+        raise RecordError(f"{out_dir}: cannot write the report there ({reason}) "
+                          "(expected the report's output folder)") from None
     return path
 
 

@@ -201,7 +201,7 @@ def _ordered(summary: pd.DataFrame) -> pd.DataFrame:
 def resolve_specs(policy: Sequence[str], policies: str | None, from_config: Sequence[str]) -> tuple[str, ...]:
     """``--policy`` (repeatable specs) + ``--policies a,b`` (plain names) + config entries."""
     specs = list(policy)
-    if policies:
+    if policies is not None:  # (an empty --policies is a mistake, not "the defaults")
         for name in policies.split(","):
             name = name.strip()
             if not name:

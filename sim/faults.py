@@ -38,8 +38,15 @@ if TYPE_CHECKING:
     from .roles import Roles
     from .training import Training
 
-#: Faults that may fire in a row while no turn and no optimizer step finishes anywhere.
+#: Faults that may fire in a row while no turn and no optimizer step finishes anywhere, once
+#: one of them did harm (failed a GPU, crashed a running trainer, failed a sync) or a GPU is
+#: still down: then the faults are what stops the run.
 FAULTS_WITHOUT_PROGRESS = 1000
+#: The same, when none did: a tool call hung past a limit it outlasts anyway, a sync failure
+#: armed while one already is, a trainer fault with no trainer cannot stop a run -- one long
+#: tool call (hours) outlasts a thousand of them at a high rate. Bounded all the same, or a
+#: rate of millions an hour would take long to simulate.
+HARMLESS_WITHOUT_PROGRESS = 1_000_000
 
 STAT_KEYS = (
     "faults",  # faults fired (explicit and rate)
@@ -86,6 +93,8 @@ class Faults:
         self.rate_timers = 0
         self.progress_mark: tuple[int, int] = (-1, -1)  # (version, turns done) at the last check
         self.since_mark = 0  # faults fired since then
+        self.harm = 0  # faults that stopped work so far (GPU, running trainer, sync hit)
+        self.harm_mark = 0  # ``harm`` when progress last moved
         self.rng = random.Random(schedule.seed if schedule else 0)
 
     def arm(self) -> None:
@@ -146,18 +155,22 @@ class Faults:
 
         A rate high enough that GPUs fail again before a turn can finish would otherwise
         simulate forever: every FAULTS_WITHOUT_PROGRESS faults, the run's progress (optimizer
-        steps, turns finished over all trajectories) must have moved."""
+        steps, turns finished over all trajectories) must have moved -- unless no fault since
+        it last moved did harm and no GPU is down (then the run is only waiting, e.g. for a
+        long tool call): those get HARMLESS_WITHOUT_PROGRESS."""
         fs = self
         fs.since_mark += 1
-        if fs.since_mark < FAULTS_WITHOUT_PROGRESS:
+        if fs.since_mark % FAULTS_WITHOUT_PROGRESS:
             return
         mark = (self.state.version, sum(ts.turns_done for ts in self.state.trajs.values()))
-        if mark == fs.progress_mark:
+        if mark != fs.progress_mark:
+            fs.progress_mark, fs.since_mark, fs.harm_mark = mark, 0, fs.harm
+            return
+        if fs.harm != fs.harm_mark or self.state.failed or fs.since_mark >= HARMLESS_WITHOUT_PROGRESS:
             raise ConfigError(
-                f"[faults]: {FAULTS_WITHOUT_PROGRESS} faults fired by t={self.core.now:.0f}s without one "
+                f"[faults]: {fs.since_mark} faults fired by t={self.core.now:.0f}s without one "
                 "turn or step finishing: the fault rate outpaces the cluster; lower per_hour or recover_s"
             )
-        fs.progress_mark, fs.since_mark = mark, 0
 
     def _fault_note(self, kind: str, detail: str, gpu: int = -1) -> None:
         if self.rec is not None:
@@ -165,6 +178,7 @@ class Faults:
 
     # ------------------------------------------------------------------ GPU
     def _fail_gpu(self, g: int, recover_s: float) -> None:
+        self.harm += 1
         st = self.state
         now = self.core.now
         role = st.roles[g]
@@ -242,6 +256,7 @@ class Faults:
             self.stats["without_effect"] += 1
             self._fault_note("trainer", "no trainer GPUs: no effect")
             return
+        self.harm += 1
         lost = self._abort_step()
         sched = self.schedule
         restart = sched.restart_s if sched else 0.0
@@ -266,6 +281,7 @@ class Faults:
         trainer undoes it, :meth:`Training._sync_failed`): count and record it; returns
         the seconds after which the sync is retried."""
         self.sync_fails -= 1
+        self.harm += 1
         retry = self.schedule.sync_retry_s if self.schedule else 0.0
         self.stats["sync_gpu_seconds_lost"] += lost
         if self.rec is not None:

@@ -64,6 +64,9 @@ def test_run_without_live_simulates_one_policy(tmp_path, small_trace):
         (["--policy", "async:fraction=0.5"], "unknown parameter 'fraction'"),
         (["--policies", "async:staleness=1"], "--policies takes plain names"),
         (["--gpus", "6", "--tp", "4"], "gpus=6 is not a multiple of tp=4"),
+        # an empty list used to run the defaults (colocated, async) without a word
+        (["--policies", ""], "--policies '': empty name in the list"),
+        (["--policies", " "], "--policies ' ': empty name in the list"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, small_trace, capsys, extra, needle):
@@ -75,6 +78,22 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, small_trace, capsys,
     assert needle in err[0]
     assert not out.exists()
     assert not list(tmp_path.glob(".never.tmp-*"))
+
+
+def test_out_of_memory_is_one_line_and_writes_nothing(tmp_path, small_trace, capsys, monkeypatch):
+    """A cluster too large for the machine (--gpus 100000000: the cluster state alone runs
+    out of memory) used to end in a MemoryError traceback."""
+    import rlsched.compare
+
+    def too_big(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(rlsched.compare, "simulate", too_big)
+    out = tmp_path / "never"
+    assert main(["run", "--policy", "colocated", "--trace", str(small_trace), "--out", str(out), *SMALL]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rlsched: error: out of memory:"), err
+    assert not out.exists() and not list(tmp_path.glob(".never.tmp-*"))
 
 
 def test_bad_trace_and_config(tmp_path, small_trace, capsys):

@@ -48,6 +48,16 @@ def test_unknown_preset_is_one_line(capsys) -> None:
     assert err.count("\n") == 0 and "did you mean qwen2.5-32b" in err
 
 
+@pytest.mark.parametrize("context", ["nan", "-1", "inf"])
+def test_cost_show_bad_context_is_one_line(context: str, capsys) -> None:
+    """--context used to be taken as given: 'nan ms per step', '-32 context tokens'."""
+    assert main(["cost", "show", "--context", context]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.count("\n") == 0 and f"--context={float(context)!r}: expected a finite number" in err
+    assert captured.out == ""
+
+
 def test_compare_with_a_preset_and_config(tmp_path, capsys) -> None:
     base = ["compare", "--no-report", "--gpus", "32", "--steps", "1", "--policies", "colocated,elastic"]
     assert main([*base, "--out", str(tmp_path / "a"), "--model", "qwen2.5-32b", "--gpu", "h100"]) == 0

@@ -209,6 +209,32 @@ def test_faults_faster_than_any_progress_end_in_one_line(df, spec):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("spec", SPECS)
+def test_harmless_faults_during_a_long_tool_call_do_not_end_the_run(spec):
+    """A two-hour tool call outlasts the 1,000 faults a rate of 1,000 an hour fires: tool hangs
+    it outlasts anyway (cut at 300 s), and sync faults armed while one already is, stop no
+    work, so the run is waiting, not outpaced (it used to end with 'the fault rate outpaces
+    the cluster')."""
+    df = trace([("a", "A", 0, 0, 10, 7200.0), ("a", "A", 1, 0, 10, 0.0), ("b", "B", 0, 0, 3, 0.0)])
+    sched = FaultSchedule((Fault("tool", per_hour=1000.0), Fault("sync", per_hour=1000.0)), seed=1)
+    out = run(df, [["A", "B"]], spec, faults=sched)
+    assert out.result.complete and out.result.faults["faults"] >= 1000
+    assert out.result.makespan >= run(df, [["A", "B"]], spec).result.makespan
+
+
+def test_harmless_faults_at_an_absurd_rate_still_end_in_one_line(monkeypatch):
+    """Harmless faults get a larger allowance, but a bounded one: millions an hour during a
+    long tool call would take long to simulate (allowance lowered here to keep it quick)."""
+    import rlsched.sim.faults as sim_faults
+
+    monkeypatch.setattr(sim_faults, "HARMLESS_WITHOUT_PROGRESS", 5000)
+    df = trace([("a", "A", 0, 0, 10, 7200.0), ("b", "B", 0, 0, 3, 0.0)])
+    sched = FaultSchedule((Fault("tool", per_hour=1e7),))
+    with pytest.raises(ConfigError, match=r"\[faults\]: 5000 faults fired by t=\d+s without one turn") as err:
+        run(df, [["A", "B"]], "colocated", faults=sched)
+    assert "\n" not in str(err.value)
+
+
 # ------------------------------------------------------------------- legality
 def test_failed_gpu_cannot_be_reassigned():
     st = ClusterState(2, 1, [[("t", "task")]], 0)

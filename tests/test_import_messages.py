@@ -136,3 +136,21 @@ def test_epoch_millisecond_timestamps_and_sharegpt_function_call():
     t = read_record(rec, "x", "x", WORDS)
     assert t.env_seconds[0] == pytest.approx(4.25)
     assert np.isnan(t.env_seconds[1]) and t.actions[1] == "pytest -q"
+
+
+def test_durations_that_overflow_when_summed_are_estimated_not_fatal(tmp_path):
+    """Two finite durations of 1e308 sum to inf: that line's env time used to reach the final
+    validation as inf and fail the whole import (every other file and line with it)."""
+    damaged = {"id": "d", "messages": [
+        {"role": "user", "content": "fix it"}, {"role": "assistant", "content": "run ls"},
+        {"role": "tool", "content": "a b", "duration": 1e308},
+        {"role": "tool", "content": "c d", "duration": 1e308},
+        {"role": "assistant", "content": "done"}]}
+    good = {"id": "g", "messages": [{"role": "user", "content": "go"},
+                                    {"role": "assistant", "content": "ok"}]}
+    path = tmp_path / "two.jsonl"
+    path.write_text(json.dumps(damaged) + "\n" + json.dumps(good) + "\n")
+    res = import_traces("messages", [path], tokenizer=WORDS)
+    d = rows(res.df, "d")
+    assert len(d) == 2 and np.isfinite(d["env_seconds"]).all()
+    assert d["env_estimated"].tolist() == [True, False] and len(rows(res.df, "g")) == 1

@@ -282,6 +282,20 @@ def test_cli_plan_writes_a_config_compare_accepts(tmp_path: Path, capsys) -> Non
                  str(tmp_path / "cmp"), "--no-report"]) == 0
 
 
+def test_plan_on_a_one_trajectory_trace_skips_the_tail_cut(tmp_path: Path) -> None:
+    """Cutting the longest 5% (at least one) of a one-trajectory trace leaves no trace: the
+    sensitivity phase says the scenario was skipped instead of failing the whole plan with
+    'trace without its 5% longest trajectories: the trace has no rows'."""
+    df = pd.DataFrame({"task_id": ["t"], "trajectory_id": ["a"], "turn": [0],
+                       "prompt_tokens": [100], "output_tokens": [50], "env_seconds": [1.0]})
+    path = write_trace(df, tmp_path / "one.jsonl")
+    res = plan(_request(path, df, run=RunConfig(gpus=8, tp=2, steps=2), max_trials=6,
+                        sensitivity=True), tmp_path / "out")
+    rows = res.sensitivity.set_index("scenario")["change"]
+    assert rows["5% longest trajectories removed: skipped (the trace has one trajectory)"] == "skipped"
+    assert rows["5% longest trajectories doubled"] != "skipped"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

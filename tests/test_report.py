@@ -111,6 +111,18 @@ def test_bad_inputs_are_record_errors(tmp_path):
         write_report([d], tmp_path / "file")
 
 
+def test_out_below_a_file_is_a_record_error(tmp_path, capsys):
+    """--out below a file (no folder can be made there) used to be a NotADirectoryError
+    traceback from mkdir."""
+    d = write_run(tmp_path / "r")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RecordError, match=r"file/x: cannot write the report there \(Not a directory\)"):
+        write_report([d], tmp_path / "file" / "x")
+    assert main(["report", str(d), "--out", str(tmp_path / "file" / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot write the report there" in err
+
+
 def test_cli_report(runs, tmp_path, capsys):
     # a compare output folder stands for its runs/
     assert main(["report", str(runs[0].parent.parent), "--out", str(tmp_path / "cli")]) == 0

@@ -70,3 +70,41 @@ def test_bad_preset_and_override_exit_2(tmp_path, capsys):
     assert "did you mean 'swe-seed'" in _one_error_line(capsys)
     assert main(["trace", "gen", "--preset", "uniform", "--tasks", "0", "--out", out]) == 2
     assert "tasks=0" in _one_error_line(capsys)
+
+
+def test_gen_negative_seed_is_one_line(tmp_path, capsys):
+    """numpy refuses a seed below 0 with a bare ValueError: it used to be a traceback."""
+    out = str(tmp_path / "x.parquet")
+    assert main(["trace", "gen", "--seed", "-1", "--out", out]) == 2
+    assert "seed=-1 — expected a whole number >= 0" in _one_error_line(capsys)
+    like = tmp_path / "like.parquet"
+    assert main(["trace", "gen", "--preset", "uniform", "--tasks", "2", "--out", str(like)]) == 0
+    capsys.readouterr()
+    assert main(["trace", "gen", "--like", str(like), "--seed", "-1", "--out", out]) == 2
+    assert "seed=-1 — expected a whole number >= 0" in _one_error_line(capsys)
+
+
+def test_gen_like_refuses_zero_counts_and_options_it_cannot_honour(tmp_path, capsys):
+    """With --like, --tasks 0 used to mean the default 64 tasks (``tasks or 64``) and
+    --turns-scale/--tokens-scale/--growth were silently ignored."""
+    like = tmp_path / "like.parquet"
+    assert main(["trace", "gen", "--preset", "uniform", "--tasks", "2", "--out", str(like)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "x.parquet"
+    for flag in ("--tasks", "--samples"):
+        assert main(["trace", "gen", "--like", str(like), flag, "0", "--out", str(out)]) == 2
+        assert f"{flag[2:]}=0 — expected a whole number >= 1" in _one_error_line(capsys)
+    for flag in ("--turns-scale", "--tokens-scale", "--growth"):
+        assert main(["trace", "gen", "--like", str(like), flag, "2", "--out", str(out)]) == 2
+        assert f"{flag} does not apply with --like" in _one_error_line(capsys)
+    assert not out.exists()
+
+
+def test_gen_token_scale_past_the_schema_bound_is_one_line(tmp_path, capsys):
+    """Token counts past 2**62 used to overflow the int64 cast (a RuntimeWarning on stderr)
+    and then fail validation as a row of the output file the user never wrote."""
+    out = tmp_path / "x.parquet"
+    assert main(["trace", "gen", "--tokens-scale", "1e16", "--out", str(out)]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith("rlsched: error: GenParams.tokens_scale=1e+16") and "2**62" in line
+    assert not out.exists()

@@ -126,6 +126,21 @@ def test_file_errors(tmp_path):
         assert str(bad) in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_writing_where_no_file_can_be_is_one_line(tmp_path, suffix):
+    """A folder as the path, or a path below a file: pyarrow's and pandas' OSError used to
+    reach the user as a traceback (``rlsched trace import -o DIR``)."""
+    folder = tmp_path / f"folder{suffix}"
+    folder.mkdir()
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    for target in (folder, plain / f"x{suffix}"):
+        with pytest.raises(TraceError) as info:
+            write_trace(small_trace(), target)
+        message = str(info.value)
+        assert message.startswith(f"{target}: cannot write the trace (") and "\n" not in message
+
+
 def test_jsonl_errors_name_the_line(tmp_path):
     rows = [json.dumps(r) for r in small_trace().drop(columns=["reward"]).to_dict("records")]
     bad = tmp_path / "bad.jsonl"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from rlsched.cluster.errors import ConfigError
 from rlsched.traces.presets import GenParams, get_preset
 
 
@@ -22,10 +23,17 @@ def _lognormal(rng: np.random.Generator, median: float, sigma: float, size: int)
     return median * np.exp(sigma * rng.standard_normal(size))
 
 
+#: The schema's bound on a token count; a larger float does not even cast to int64.
+_MAX_TOKENS = float(2**62)
+
+
 def _tokens(values: np.ndarray, scale: float, cap: float | None = None) -> np.ndarray:
     out = np.rint(values * scale)
     if cap is not None:
         out = np.minimum(out, np.rint(cap * scale))
+    if out.size and float(out.max()) >= _MAX_TOKENS:
+        raise ConfigError(f"GenParams.tokens_scale={scale!r} — token counts would reach "
+                          f"{float(out.max()):.3g}: expected a scale that keeps them below 2**62")
     return np.maximum(out, 1).astype(np.int64)
 
 
@@ -59,6 +67,8 @@ def generate_trace(preset: str | GenParams, *, seed: int, **overrides: float) ->
     ``branch_turn``, ``reward``, ``truncated``. Task ids are ``t<k>``, trajectory ids
     ``t<k>-s<j>`` (sample ``j`` of task ``k``); a fork always follows its parent in the file.
     """
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"generate_trace: seed={seed!r} — expected a whole number >= 0")
     p = get_preset(preset)
     if overrides:
         p = p.replace(**overrides)

@@ -148,8 +148,9 @@ def _env_seconds(turn_msg: dict, after: list[dict]) -> float:
     durations = [m.get(k) for m in after for k in DURATION_KEYS if k in m]
     numbers = [float(d) for d in durations
                if isinstance(d, int | float) and not isinstance(d, bool) and math.isfinite(d)]
-    if numbers and len(numbers) == len(durations):
-        return max(sum(numbers), 0.0)
+    total = sum(numbers)
+    if numbers and len(numbers) == len(durations) and math.isfinite(total):  # (1e308 twice: inf)
+        return max(total, 0.0)
     start = timestamp_seconds(turn_msg.get("timestamp"))
     end = timestamp_seconds(after[-1].get("timestamp")) if after else None
     if start is not None and end is not None and end >= start:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -234,15 +235,20 @@ def write_trace(df: pd.DataFrame, path: str | Path) -> Path:
         steps = df["step"].to_numpy(dtype=np.int64)
         if np.any(steps[1:] < steps[:-1]):
             df = df.take(np.argsort(steps, kind="stable")).reset_index(drop=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix.lower() in JSONL_SUFFIXES:
-        df.to_json(path, orient="records", lines=True, force_ascii=False)
-        return path
-    table = pa.Table.from_pandas(df, preserve_index=False)
-    meta = dict(table.schema.metadata or {})
-    meta[b"rlsched.trace_format"] = _FORMAT_VERSION.encode()
-    table = table.replace_schema_metadata(meta)
-    with pq.ParquetWriter(path, table.schema, compression="zstd", compression_level=9) as w:
-        for lo, hi in _row_group_bounds(df):
-            w.write_table(table.slice(lo, hi - lo), row_group_size=max(hi - lo, 1))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix.lower() in JSONL_SUFFIXES:
+            df.to_json(path, orient="records", lines=True, force_ascii=False)
+            return path
+        table = pa.Table.from_pandas(df, preserve_index=False)
+        meta = dict(table.schema.metadata or {})
+        meta[b"rlsched.trace_format"] = _FORMAT_VERSION.encode()
+        table = table.replace_schema_metadata(meta)
+        with pq.ParquetWriter(path, table.schema, compression="zstd", compression_level=9) as w:
+            for lo, hi in _row_group_bounds(df):
+                w.write_table(table.slice(lo, hi - lo), row_group_size=max(hi - lo, 1))
+    except OSError as exc:  # a folder, a missing or read-only place: one line, no traceback
+        reason = os.strerror(exc.errno) if exc.errno else exc.__class__.__name__
+        raise TraceError(f"{path}: cannot write the trace ({reason}) — expected a file path "
+                         "that can be written") from None
     return path

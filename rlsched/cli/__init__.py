@@ -64,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         typer.echo("rlsched: interrupted", err=True)
         return 130
+    except MemoryError:  # e.g. --gpus 100000000: the cluster's state alone does not fit
+        typer.echo("rlsched: error: out of memory: the run is too large for this machine "
+                   "(fewer --gpus, --steps or tasks per step)", err=True)
+        return 2
     except typer.Exit as ex:
         return ex.exit_code
     except typer.Abort:

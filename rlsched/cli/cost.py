@@ -4,11 +4,13 @@ their own cluster before trusting a comparison (``cost show``), and the presets 
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import typer
 
 from rlsched.cli.run import ConfigOpt, CostOpt, GpuOpt, ModelOpt
+from rlsched.cluster.errors import ConfigError
 
 cost_app = typer.Typer(help="Inspect the cost model: presets and derived figures.", no_args_is_help=True)
 
@@ -53,6 +55,8 @@ def show_cmd(
 
     from rlsched.cli.run import resolve_settings
 
+    if not (math.isfinite(context) and context >= 0):
+        raise ConfigError(f"--context={context!r}: expected a finite number of tokens >= 0")
     _cfg, run, c = resolve_settings(config, cost, model_preset, gpu_preset, tp=tp)
     if seq is not None:
         c = replace(c, train_seq_tokens=float(seq))  # type: ignore[type-var]

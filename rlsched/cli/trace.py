@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rlsched.cluster.errors import ConfigError
 from rlsched.traces import (
     PRESETS,
     generate_trace,
@@ -64,6 +65,12 @@ def gen(
 ) -> None:
     """Generate a long-tailed synthetic trace from a preset (see traces/SOURCES.md)."""
     if like is not None:
+        ignored = [flag for flag, value in (("--turns-scale", turns_scale),
+                                            ("--tokens-scale", tokens_scale),
+                                            ("--growth", growth)) if value is not None]
+        if ignored:
+            raise ConfigError(f"{ignored[0]} does not apply with --like (the lengths come from "
+                              f"the fitted trace): drop one of them")
         _gen_like(like, out, seed, tasks, samples)
         return
     overrides: dict[str, float] = {}
@@ -101,7 +108,8 @@ def _gen_like(like: Path, out: Path, seed: int, tasks: int | None, samples: int 
 
     real = load_trace(like)
     model, report = fit_trace(real, seed=seed)
-    df = model.generate(seed=seed, tasks=tasks or 64, samples=samples or 8)
+    df = model.generate(seed=seed, tasks=64 if tasks is None else tasks,
+                        samples=8 if samples is None else samples)
     path = write_trace(df, out)
     from rlsched.ui import console_out
 

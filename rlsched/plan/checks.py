@@ -124,7 +124,12 @@ def sensitivity(req: PlanRequest, runner: CachedRunner, res: SearchResult, setup
             scenarios.append((Scenario(f"gpus-{gpus}", "skip", gpus), f"{label}: skipped ({err})"))
             continue
         scenarios.append((Scenario(f"gpus-{gpus}", "base", gpus), label))
-    scenarios.append((Scenario("tail-cut", "tail-cut"), f"{pct} longest trajectories removed"))
+    cut_label = f"{pct} longest trajectories removed"
+    if setup.trace["trajectory_id"].nunique() > 1:
+        scenarios.append((Scenario("tail-cut", "tail-cut"), cut_label))
+    else:  # the cut takes at least one trajectory: here, all of them
+        scenarios.append((Scenario("tail-cut", "skip", run.gpus),
+                          f"{cut_label}: skipped (the trace has one trajectory)"))
     scenarios.append((Scenario("tail-x2", "tail-x2"), f"{pct} longest trajectories doubled"))
     live = [sc for sc, _ in scenarios if sc.kind != "skip"]
     jobs = [Job(sc, s, run.steps) for sc in live for s in cands]
