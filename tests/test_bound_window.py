@@ -17,11 +17,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_bound_hunt import COSTS, HUNT, SHIPPED, RandomLegal
+from test_bound_hunt import COSTS, HUNT, SHIPPED, RandomLegal, faulted_run
 
 from rlsched.cluster.config import RunConfig
-from rlsched.cluster.errors import RlschedError
-from rlsched.cluster.faults import Fault, FaultSchedule
 from rlsched.policies import available, parse_spec
 from rlsched.sim.bound import (
     bound_terms,
@@ -148,12 +146,6 @@ def test_no_random_legal_schedule_beats_the_window_term_on_crowded_runs(w, seed,
        kinds=st.sets(st.sampled_from(["gpu", "tool", "trainer", "sync"]), min_size=1))
 def test_no_policy_beats_the_window_term_on_crowded_runs_under_faults(w, spec, cost, seed, kinds):
     # (faults take GPUs away and add work: the window's GPU-seconds only grow)
-    df, steps, gpus, _ = w
-    gpus = max(gpus, 2) if gpus % 2 == 0 else gpus + 1
-    faults = FaultSchedule(tuple(Fault(k, per_hour=1800.0) for k in sorted(kinds)), seed=seed)
-    try:
-        out = run(df, steps, spec, gpus=gpus, cost=COSTS[cost], faults=faults)
-    except RlschedError:  # (a run faults leave unable to finish: not a question for the bound)
-        return
-    if out.result.complete:
+    out = faulted_run(w, spec, cost, seed, kinds)
+    if out is not None:
         assert out.result.makespan >= out.bound_terms["window"] * (1 - 1e-9)
