@@ -321,6 +321,7 @@ class Lifecycle(DriverCore):
         t.moved_at = -1.0
         t.kv_cached = True
         t.mid_turn = True
+        t.prefill_end = _INF  # (until it joins a decode batch: see _move)
         if t.turn_progress == 0 or eng.version < t.turn_version:  # (see SimTraj.turn_version)
             t.turn_version = eng.version
         if delay > 0.0:
@@ -331,6 +332,7 @@ class Lifecycle(DriverCore):
             self._wait_seq(t, eng, new, cached)
             return False
         eng.join(self.now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
+        t.prefill_end = eng.stall_end if new > 0 else self.now
         self.engine_touch(eng)
         eng.rearm(self.now)
         return True
@@ -360,6 +362,7 @@ class Lifecycle(DriverCore):
             self._wait_seq(t, eng, new, cached)
             return
         eng.join(self.now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
+        t.prefill_end = eng.stall_end if new > 0 else self.now
         self.engine_touch(eng)
         eng.rearm(self.now)
 
@@ -384,6 +387,7 @@ class Lifecycle(DriverCore):
             if t.turn_progress == 0 or eng.version < t.turn_version:
                 t.turn_version = eng.version
             eng.join(now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
+            t.prefill_end = eng.stall_end if new > 0 else now
         if not wait:
             del self.seq_wait[eng]
         self.engine_touch(eng)
@@ -620,6 +624,13 @@ class Lifecycle(DriverCore):
             had_kv = t.kv_cached or (t.mid_turn and t.moved_at < 0)
             self._detach(t, eng)
             t.kv_cached = False
+            if t.mid_turn and t.turn_progress == 0 and self.now < t.prefill_end:
+                # The turn's prompt is not prefilled yet (it waits for a decode slot or its
+                # KV, or the engine's prefill stall has not reached it): it goes with the
+                # context before the turn and is prefilled where the trajectory lands. (It
+                # was carried as held KV: moved in the instant it joined, a trajectory
+                # skipped its prefill and a run beat its lower bound, hunt seed 2073.)
+                t.mid_turn = False
             if had_kv:
                 t.moved_at = self.now
                 t.moved_from = eng.first_gpu

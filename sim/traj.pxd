@@ -11,4 +11,4 @@ cdef class SimTraj:
     cdef public long long ctx, charged, prompt_kept, output_kept, generated, wasted
     cdef public long long turn_progress, turn_version, env_token, join_token, timer_token
     cdef public long long fault_hits, pending_out, moved_from
-    cdef public double moved_at, hung
+    cdef public double moved_at, hung, prefill_end

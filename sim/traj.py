@@ -30,7 +30,7 @@ class SimTraj:
     __slots__ = (
         "callbacks", "charged", "ctx", "env_token", "fault_hits", "first", "generated", "hung",
         "in_env", "join_token", "kv_cached", "mid_turn", "moved_at", "moved_from", "n_turns", "output_kept",
-        "pending_out", "prompt_kept", "sandbox", "tid", "timer_token", "truncated", "ts",
+        "pending_out", "prefill_end", "prompt_kept", "sandbox", "tid", "timer_token", "truncated", "ts",
         "turn_progress", "turn_version", "waiting_sandbox", "wasted", "widx",
     )
 
@@ -57,6 +57,9 @@ class SimTraj:
         self.kv_cached = False
         self.moved_at = -1.0  # KV can be pulled from the engine it left at this time
         self.moved_from = -1  # first GPU of that engine (where the KV is pulled from)
+        # when the current turn's prompt is prefilled (inf: it has not joined a decode batch
+        # yet); a move before then leaves the prompt behind, to be prefilled where it lands
+        self.prefill_end = 0.0
         self.env_token = 0  # bumps cancel a pending tool-call completion
         self.join_token = 0  # bumps cancel a pending join after a KV transfer
         self.in_env = False

@@ -22,7 +22,6 @@ import os
 import random
 from dataclasses import replace
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_move import Scripted
@@ -390,17 +389,14 @@ def test_an_engine_never_runs_over_its_kv_while_turns_wait_for_a_slot():
     assert out.result.makespan >= out.lower_bound_seconds * (1 - 1e-9)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="simulator bug found by h34hunt (seed 2073), not fixed yet: "
-                   "a Move in the same instant as the dispatch carries the turn's prompt KV, which "
-                   "was never prefilled (Lifecycle._move counts a mid-turn trajectory's prompt as "
-                   "held), so the moved trajectory skips its 2 s prefill. Delete this mark once fixed.")
 def test_a_move_before_its_prefill_ends_does_not_skip_the_prefill():
     """Found by the hunt at ``--hypothesis-seed=2073``: T0 prefills 20 prompt tokens (2 s on
     KV's cost) and then decodes 2 tokens (2.4 s). Elastic k=1 dispatches it to engine 0 at
     t=2 and, in the same instant, isolates it (Move) onto engine 1, where ``_start_turn``
     charges a KV transfer of the 20 tokens instead of their prefill: T0 is done at 4.4
-    (``isolate=false``: 6.4), and the run's 11.0500000726 s beats its bound 11.0500001526."""
+    (``isolate=false``: 6.4), and the run's 11.0500000726 s beat its bound 11.0500001526.
+    A trajectory moved before its turn's prompt is prefilled (``SimTraj.prefill_end``) now
+    carries only the context before the turn and prefills the prompt where it lands."""
     df = trace([("task0", "T0", 0, 20, 0, 0.0), ("task0", "T0", 1, 0, 2, 0.0), ("task1", "T1", 0, 0, 0, 0.0),
                 ("task0", "T2", 0, 0, 0, 0.0), ("task1", "T3", 0, 0, 0, 0.0), ("task0", "T4", 0, 0, 1, 0.0)])
     out = run(df, [["T0", "T2", "T4"], ["T1", "T3"]], "elastic:staleness=1", gpus=4, cost=COSTS["kv"])
