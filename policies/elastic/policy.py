@@ -205,12 +205,14 @@ class Elastic(FixedSplit, Reclaim, Configured):
         return range(max(0, self._train_step - 1), self._released)
 
     def _lift_trainer(self, view: ClusterView, sent: frozenset[int]) -> list[Command]:
-        """On a cluster of the trainer's floor (no engine can roll out beside it), a trainer
-        left below its floor by a failure runs nothing, and no engine can leave rollout to
-        lift it: GPUs back from failures that make no whole engine (their partners are in
-        the trainer) join it, or it never trains again (every run stalled after a GPU
-        failure there). Elsewhere consolidation lifts it with whole engines, as before (this
-        rule there moved the fingerprint's fault runs by -16% to +22%)."""
+        """A trainer left below its memory floor by a failure runs nothing. GPUs back from
+        failures that make no whole engine (their partners are in the trainer) join it when
+        no engine can leave rollout to lift it: on a cluster of the floor's size (no engine
+        rolls out beside it), or when nothing rolls out at all. Otherwise it waited for a
+        consolidation that never came: with GPU failures every elastic run stalled on 8
+        GPUs of the default preset (floor 8), and 28 of 80 on 12 and 16 GPUs of tp 4 (now
+        3). While work rolls out, consolidation lifts it with whole engines, as before (this
+        rule there too moved the fingerprint's fault runs by -16% to +22%)."""
         tr = view.trainer()
         have = len(tr.gpus) + sum(len(k) for k in self._switches.to_train)
         if not tr.gpus or have >= tr.min_gpus:
