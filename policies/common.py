@@ -8,7 +8,7 @@ from operator import itemgetter
 from rlsched.cluster.commands import Command, Dispatch, Reassign
 from rlsched.cluster.errors import PolicyError
 from rlsched.cluster.ids import EngineId, GpuId, Role, TrajectoryId, TrajStatus
-from rlsched.cluster.view import ClusterView
+from rlsched.cluster.view import ClusterView, TrainerInfo
 
 
 def all_gpus(view: ClusterView) -> tuple[int, ...]:
@@ -73,6 +73,13 @@ def rejoin(view: ClusterView, gpu: GpuId, role: Role) -> list[Command]:
     if all(view.role(g) is Role.IDLE and g not in failed for g in group):
         return [Reassign(group, Role.ROLLOUT)]
     return []
+
+
+def trainer_fills_cluster(view: ClusterView, tr: TrainerInfo) -> bool:
+    """A trainer at its memory floor leaves no engine to roll out beside it (the default
+    preset's 8-GPU floor on 8 GPUs): GPUs can only move between the roles wholesale, as
+    colocated moves them, and no engine can leave rollout to lift a trainer below it."""
+    return tr.min_gpus > view.num_gpus - view.tp
 
 
 def least_loaded_gpus(view: ClusterView, loads: tuple[tuple[EngineId, int], ...], n: int) -> tuple[GpuId, ...]:

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_bound_hunt import COSTS, HUNT, SHIPPED, RandomLegal, faulted_run
+from test_bound_terms import KV_COST
 
 from rlsched.cluster.config import RunConfig
 from rlsched.policies import available, parse_spec
@@ -30,13 +31,12 @@ from rlsched.sim.bound import (
 from rlsched.sim.run import simulate
 from rlsched.sim.workload import Workload
 
-from simkit import HAND_COST, run, trace
+from simkit import run, trace
 
 # decode: 1 s of weight reads per step plus 0.01 s per context token of KV reads; an
 # engine (tp 1) holds 1,700 tokens of KV, 4 sequences; prefill 0.001 s and training
 # 0.003 s per token on one GPU (cheap: the decode's KV reads are the work)
-CROWDED = replace(HAND_COST, kv_heads=5000, head_dim=1000, kv_bytes_per_elem=1.0, hbm_bytes=20e9,
-                  peak_flops=1e12, max_num_seqs=4)
+CROWDED = replace(KV_COST, peak_flops=1e12)  # (test_bound_terms' KV cost, cheaper training)
 
 
 def test_decode_engine_seconds_many_is_the_scalar_bound_per_entry():

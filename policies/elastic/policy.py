@@ -62,7 +62,7 @@ from rlsched.cluster.ids import Drain, Role, TrajStatus
 from rlsched.cluster.policy import Configured
 from rlsched.cluster.view import ClusterView, TrainerInfo
 
-from ..common import idle_engines, least_loaded_gpus, usable
+from ..common import idle_engines, least_loaded_gpus, trainer_fills_cluster, usable
 from ..meter import Meter
 from ..placement import LateQueue, per_engine_cap
 from ..predict import LengthPredictor
@@ -177,7 +177,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
                                    self._predictor.remaining if self.config.order == "longest" else None,
                                    hold=coming // view.tp,
                                    skip=self._switches.engines_sent(view),
-                                   unpinned=tr.min_gpus > view.num_gpus - view.tp)
+                                   unpinned=trainer_fills_cluster(view, tr))
         cmds += placed
         cmds += self._reclaim(view, tr)
         cmds += self._cut_tail(view, tr)
@@ -214,10 +214,10 @@ class Elastic(FixedSplit, Reclaim, Configured):
         3). While work rolls out, consolidation lifts it with whole engines, as before (this
         rule there too moved the fingerprint's fault runs by -16% to +22%)."""
         tr = view.trainer()
-        have = len(tr.gpus) + sum(len(k) for k in self._switches.to_train)
+        have = len(tr.gpus) + self._switches.to_trainer()
         if not tr.gpus or have >= tr.min_gpus:
             return []
-        if tr.min_gpus <= view.num_gpus - view.tp:
+        if not trainer_fills_cluster(view, tr):
             totals = view.rollout_totals()
             if totals.live + totals.unbound or self._queue:
                 return []  # (work rolls out: consolidation lifts it with whole engines)
@@ -367,7 +367,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
         # a trainer below its memory floor runs nothing; GPUs on their way to it count (an
         # engine emptied a moment after the others waited for them to arrive, then switched:
         # a second switch on the critical path, every step)
-        short = tr.min_gpus - len(tr.gpus) - sum(len(k) for k in self._switches.to_train)
+        short = tr.min_gpus - len(tr.gpus) - self._switches.to_trainer()
         if over and floor and short > 0 and (totals.engines - floor) * view.tp < short:
             # the engines min_engines keeps are what the trainer's memory floor needs (a
             # cluster smaller than the floor and an engine): with nothing live they all go,

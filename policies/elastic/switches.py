@@ -81,6 +81,11 @@ class Switches:
             self.to_rollout.difference_update(gpus)
         self._meter.switch_done(gpus, view.now, role)
 
+    def to_trainer(self) -> int:
+        """GPUs on their way to the trainer (switching to it): they count toward its memory
+        floor before they arrive."""
+        return sum(len(k) for k in self.to_train)
+
     def coming(self, view: ClusterView) -> int:
         """GPUs on their way to rollout (switching, or in the trainer until its micro-batch
         ends). One a failure took out of its switch never reports: it is forgotten here. One

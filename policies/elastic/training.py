@@ -117,14 +117,13 @@ class Training:
         trajectories a step: 310.2 vs 296.6 s, now equal), and staleness-1 elastic, holding
         async's own split, 18.9% behind the best async (now 11.1%: what is left is the
         switches before the split was held)."""
-        if whole:
-            return MicroBatch(ready, sum(view.trajectory(t).tokens for t in ready))
         # A micro-batch runs on the GPUs the trainer has when it starts; GPUs that join
         # later wait for the next one, so micro-batches are small (one trajectory per
         # GPU by default): every GPU that arrives starts within one of them.
         # While more GPUs are on their way to the trainer, one trajectory at a time, so
         # they join within a fraction of one trajectory's training.
-        ready = ready[:1] if to_train else ready[:self._config.micro * gpus]
+        if not whole:
+            ready = ready[:1] if to_train else ready[:self._config.micro * gpus]
         tokens = sum(view.trajectory(t).tokens for t in ready)
         if to_train and self.sooner_joined(view, gpus, tokens, to_train):
             return None
