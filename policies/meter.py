@@ -11,15 +11,53 @@ from __future__ import annotations
 
 from rlsched.cluster.ids import GpuId, Role
 
+#: micro-batches the training rate is fitted over (recent ones: the workload drifts)
+_FIT_WINDOW = 8
+
+
+def _fit(timed: list[tuple[int, float, float]]) -> tuple[float, dict[int, float], bool]:
+    """(GPU-seconds per token, fixed seconds per micro-batch by trainer width, fitted) from
+    recent micro-batches' (GPUs, tokens per GPU, seconds): least-squares lines of one slope,
+    the rate, and an intercept per width, what a micro-batch costs whatever its size (the
+    gradient reduction: none on one replica, more as the data-parallel ranks grow).
+    ``fitted``: some width timed micro-batches of two sizes, so the parts are told apart.
+    Before that, the lowest seconds per token timed, with no fixed part (a one-trajectory
+    micro-batch is mostly its fixed part: its rate alone overstates a larger one's). A
+    slope that is not positive gives the lowest seconds per token too; a negative
+    intercept (FLOPs per token grow with a trajectory's length, so long-tailed
+    micro-batches curve upward), none.
+
+    Until 2026-12 the rate was the newest micro-batch's, fixed part included: after
+    one-trajectory micro-batches up to three times that of a whole step trained at once,
+    so elastic moved GPUs to a trainer whose backlog it overestimated, on short steps
+    where a role switch is a large share of one."""
+    lowest = min(y / x for _, x, y in timed)  # (x > 0: a timed micro-batch has tokens)
+    groups: dict[int, list[tuple[float, float]]] = {}
+    for g, x, y in timed:
+        groups.setdefault(g, []).append((x, y))
+    means = {g: (sum(x for x, _ in v) / len(v), sum(y for _, y in v) / len(v)) for g, v in groups.items()}
+    var = sum((x - means[g][0]) ** 2 for g, v in groups.items() for x, _ in v)
+    cov = sum((x - means[g][0]) * (y - means[g][1]) for g, v in groups.items() for x, y in v)
+    if var <= 1e-12 * max(1.0, max(x * x for _, x, _ in timed)):
+        return lowest, {}, False
+    slope = cov / var
+    if slope <= 0:
+        return lowest, {}, True
+    fixed = {g: max(0.0, my - slope * mx) for g, (mx, my) in means.items()}
+    return slope, fixed, True
+
 
 class Meter:
-    """Running measurements of one run (the newest observation wins: the workload drifts)."""
+    """Running measurements of one run (the newest, or a few recent ones: the workload drifts)."""
 
     def __init__(self) -> None:
         self._switches: dict[tuple[tuple[GpuId, ...], Role | None], float] = {}
         self.switch_s: float | None = None
         self._mb: tuple[float, int, int] | None = None  # (started, GPUs, tokens)
-        self.train_gpu_s_per_token: float | None = None
+        self._timed: list[tuple[int, float, float]] = []  # recent: (GPUs, tokens per GPU, s)
+        self.train_gpu_s_per_token: float | None = None  # (the fixed seconds excluded)
+        self._fixed: dict[int, float] = {}  # fixed seconds of a micro-batch, by trainer width
+        self.rate_fitted = False  # the rate and fixed part come from micro-batches of two sizes
         self.step_tokens: int | None = None  # tokens the last optimizer step trained
         self._step_sent = 0  # tokens sent to micro-batches since the last optimizer step
         self._released: dict[int, float] = {}
@@ -51,7 +89,13 @@ class Meter:
         started, gpus, tokens = self._mb
         self._mb = None
         if tokens > 0 and now > started:
-            self.train_gpu_s_per_token = (now - started) * gpus / tokens
+            self._timed = [*self._timed[1 - _FIT_WINDOW:], (gpus, tokens / gpus, now - started)]
+            self.train_gpu_s_per_token, self._fixed, self.rate_fitted = _fit(self._timed)
+
+    def micro_batch_s(self, gpus: int) -> float:
+        """Fixed seconds of a micro-batch on ``gpus`` GPUs (its gradient reduction): 0 until
+        measured at that width."""
+        return self._fixed.get(gpus, 0.0)
 
     def step_trained(self) -> None:
         """An optimizer step ended: its step trained the tokens sent since the last one (an

@@ -305,10 +305,10 @@ class Elastic(FixedSplit, Reclaim, Configured):
             # (no GPU can join a later micro-batch -- none on its way, and either none rolls
             # out and nothing more of the step is to come, or a held split's trainer is at
             # its side: see Training.micro_batch)
+            more = self._cuts.unfinished(view, s, self._queue) > 0
             whole = not self._switches.to_train and (
-                (not view.engines() and self._cuts.unfinished(view, s, self._queue) == 0)
-                or 0 < self._hold == len(tr.gpus))
-            return self._training.micro_batch(view, len(tr.gpus), ready, self._switches.to_train, whole)
+                (not view.engines() and not more) or 0 < self._hold == len(tr.gpus))
+            return self._training.micro_batch(view, len(tr.gpus), ready, self._switches.to_train, whole, more)
         if self._cuts.unfinished(view, s, self._queue) == 0 and self._in_micro == self._cuts.size(view, s):
             self._opt_sent = True
             return OptimizerStep()

@@ -67,7 +67,10 @@ class Training:
         if rate is None:
             return 0.0
         ready = [t for s in steps for t in view.finished(s)]
-        return sum(view.trajectory(t).tokens for t in ready) * rate / max(1, gpus)
+        if not ready:
+            return 0.0
+        tokens = sum(view.trajectory(t).tokens for t in ready)
+        return self._meter.micro_batch_s(gpus) + tokens * rate / max(1, gpus)
 
     def gains(self, view: ClusterView, steps: range, have: int, add: int) -> bool:
         """Does the trainer (``have`` GPUs) finish what is ready sooner by more than a
@@ -77,9 +80,10 @@ class Training:
         alone = self.ready_seconds(view, steps, have)
         if sw is None:
             return alone > 0
-        if alone <= sw:
+        fixed = self._meter.micro_batch_s(have)  # (paid on either trainer)
+        if alone - fixed <= sw:
             return False
-        joined = sw + (alone - sw) * have / (have + add)
+        joined = sw + fixed + (alone - fixed - sw) * have / (have + add)
         return alone - joined > sw
 
     def keep(self, view: ClusterView, steps: range) -> int:
@@ -104,7 +108,8 @@ class Training:
         return max(keep, view.trainer().min_gpus) if keep > 0 else 0
 
     def micro_batch(self, view: ClusterView, gpus: int, ready: tuple[str, ...],
-                    to_train: Mapping[tuple[int, ...], float], whole: bool = False) -> MicroBatch | None:
+                    to_train: Mapping[tuple[int, ...], float], whole: bool = False,
+                    more: bool = False) -> MicroBatch | None:
         """The next micro-batch of the ``ready`` trajectories for a trainer of ``gpus``
         GPUs, or none while it waits (``join``) for the groups ``to_train`` (GPUs -> when
         sent) on their way: their RolesChanged starts it on the larger trainer. ``whole``:
@@ -120,14 +125,55 @@ class Training:
         # A micro-batch runs on the GPUs the trainer has when it starts; GPUs that join
         # later wait for the next one, so micro-batches are small (one trajectory per
         # GPU by default): every GPU that arrives starts within one of them.
-        # While more GPUs are on their way to the trainer, one trajectory at a time, so
-        # they join within a fraction of one trajectory's training.
+        # While more GPUs are on their way to the trainer, what ends before they arrive
+        # (at least one trajectory), so they join within one trajectory's training.
         if not whole:
-            ready = ready[:1] if to_train else ready[:self._config.micro * gpus]
+            ready = self._before_arrival(view, gpus, ready, to_train) if to_train \
+                else ready[:self._config.micro * gpus]
         tokens = sum(view.trajectory(t).tokens for t in ready)
+        if more and self._too_small(gpus, tokens):
+            return None
         if to_train and self.sooner_joined(view, gpus, tokens, to_train):
             return None
         return MicroBatch(ready, tokens)
+
+    def _too_small(self, gpus: int, tokens: int) -> bool:
+        """Would a micro-batch of ``tokens`` spend less of its time training them than its
+        fixed part (measured: the gradient reduction every micro-batch pays)? While more of
+        the step is to come, it then waits for more work: starting it now saves at most its
+        training seconds, less than the fixed part a later, larger micro-batch pays once for
+        both. On a trace with no length spread the step's first trajectory to finish went
+        alone (its siblings finish in the same instant, but one event at a time), one extra
+        reduction per step on a trainer that was the bottleneck."""
+        m = self._meter
+        rate = m.train_gpu_s_per_token
+        return bool(m.rate_fitted and rate is not None and gpus > 0
+                    and tokens * rate / gpus < m.micro_batch_s(gpus))
+
+    def _before_arrival(self, view: ClusterView, gpus: int, ready: tuple[str, ...],
+                        to_train: Mapping[tuple[int, ...], float]) -> tuple[str, ...]:
+        """While GPUs are on their way to the trainer: the ready trajectories (at least one,
+        at most ``micro`` per GPU) whose micro-batch, at the measured rate, ends before the
+        first group arrives -- a GPU that arrives then starts within one trajectory's
+        training, and every micro-batch pays its own gradient reduction, so one that ends
+        before anything could join loses nothing by being larger. Until 2026-12 it was always
+        one trajectory: on short steps (a few thousand tokens each, a role switch of ~9 s
+        under the default preset) a step trained one reduction per trajectory while the
+        GPUs switching to it were seconds away, and staleness-1 elastic was up to 21% behind
+        the best async on traces with no length spread."""
+        m = self._meter
+        rate, sw = m.train_gpu_s_per_token, m.switch_s
+        if rate is None or sw is None or gpus <= 0:
+            return ready[:1]
+        arrive = min(sent + sw for sent in to_train.values())
+        room = (arrive - view.now - m.micro_batch_s(gpus)) * gpus / rate  # tokens that fit before it
+        n, used = 0, 0
+        for t in ready[:self._config.micro * gpus]:
+            used += view.trajectory(t).tokens
+            if n and used > room:
+                break
+            n += 1
+        return ready[:max(1, n)]
 
     def withhold(self, view: ClusterView, gpus: int, mb: MicroBatch, released: Sequence[Command],
                  to_train: Mapping[tuple[int, ...], float]) -> bool:
