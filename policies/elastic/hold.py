@@ -83,7 +83,7 @@ class FixedSplit:
         (a stall, found on a 2-engine trace with no length spread)."""
         if not self._hold:
             return []
-        have = sum(1 for g in tr.gpus if g not in self._switches.to_rollout) + self._switches.to_trainer()
+        have = sum(1 for g in tr.gpus if g not in self._switches.to_rollout) + self._switches.to_trainer(view)
         ids = view.engines()
         n = min((self._hold - have) // view.tp, len(ids) - self.config.min_engines)
         if n <= 0:

@@ -156,6 +156,8 @@ class Elastic(FixedSplit, Reclaim, Configured):
             if back and view.gpus_in(Role.ROLLOUT) + view.gpus_in(Role.TRAIN):
                 cmds += self._send(view, back, Role.ROLLOUT)
             cmds += self._lift_trainer(view, frozenset(back))
+        elif isinstance(event, TrajectoryFinished) and self._below_floor(view):
+            cmds += self._lift_trainer(view, frozenset())  # (the rollout may just have ended)
         # (TRAIN first: the trainer's record below lists it anyway, and a trainer is up on
         # most events, so the rollout GPUs, up to a thousand at seed scale, are rarely listed)
         if self._switches.pending == 0 and not view.gpus_in(Role.TRAIN) and not view.gpus_in(Role.ROLLOUT):
@@ -212,9 +214,12 @@ class Elastic(FixedSplit, Reclaim, Configured):
         consolidation that never came: with GPU failures every elastic run stalled on 8
         GPUs of the default preset (floor 8), and 28 of 80 on 12 and 16 GPUs of tp 4 (now
         3). While work rolls out, consolidation lifts it with whole engines, as before (this
-        rule there too moved the fingerprint's fault runs by -16% to +22%)."""
+        rule there too moved the fingerprint's fault runs by -16% to +22%). A rollout that
+        ends with the trainer still short lifts it too (its last trajectory's finish): a
+        cluster of the floor and one engine has no engine to spare for it (a stall under the
+        fault sweep, 12 GPUs, seeds 0 and 5)."""
         tr = view.trainer()
-        have = len(tr.gpus) + self._switches.to_trainer()
+        have = len(tr.gpus) + self._switches.to_trainer(view)
         if not tr.gpus or have >= tr.min_gpus:
             return []
         if not trainer_fills_cluster(view, tr):
@@ -226,12 +231,22 @@ class Elastic(FixedSplit, Reclaim, Configured):
                       if g not in failed and g not in sent and g not in self._switches.moving)
         return self._send(view, spare, Role.TRAIN) if spare else []
 
+    def _below_floor(self, view: ClusterView) -> bool:
+        """Is the trainer below its memory floor, with GPUs idle that could lift it and
+        nothing left to roll out (no trajectory live, queued or stopped to resume)?"""
+        tr = view.trainer()
+        if not tr.gpus or len(tr.gpus) >= tr.min_gpus or not view.gpus_in(Role.IDLE):
+            return False
+        totals = view.rollout_totals()
+        return not (totals.live or totals.unbound or self._queue
+                    or any(view.interrupted(s) for s in self._rolling()))
+
     def _steal(self, view: ClusterView) -> list[Command]:
         """``steal``: engines consolidation kept idle take work off crowded ones (:mod:`.tail`),
         but none sent out of rollout in this decision (``_grow_to_hold``'s)."""
         if not self.config.steal:
             return []
-        return self._tail.steal(view, self._rolling(), self._switches.engines_sent(view))
+        return self._tail.steal(view, self._rolling(), self._ahead, self._switches.engines_sent(view))
 
     def _refresh(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
         """New engines with weights older than the trainer's (a driver may load the weights
@@ -342,7 +357,10 @@ class Elastic(FixedSplit, Reclaim, Configured):
     # ----------------------------------------------------------- consolidation
     def _consolidate(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
         """Release engines the live trajectories do not need, if training can use them."""
-        if self._opt_sent:
+        if self._opt_sent and (tr.gpus or not (tr.queued_micro_batches or tr.queued_optimizer_steps)):
+            # (the step's training is all sent -- unless failures emptied the trainer with
+            # its jobs queued: then it needs GPUs like any empty trainer, or the run stalls,
+            # as it did under the fault sweep, 12 GPUs, seed 36)
             return []
         s = self._train_step
         if s >= min(self._released, view.num_steps):
@@ -367,7 +385,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
         # a trainer below its memory floor runs nothing; GPUs on their way to it count (an
         # engine emptied a moment after the others waited for them to arrive, then switched:
         # a second switch on the critical path, every step)
-        short = tr.min_gpus - len(tr.gpus) - self._switches.to_trainer()
+        short = tr.min_gpus - len(tr.gpus) - self._switches.to_trainer(view)
         if over and floor and short > 0 and (totals.engines - floor) * view.tp < short:
             # the engines min_engines keeps are what the trainer's memory floor needs (a
             # cluster smaller than the floor and an engine): with nothing live they all go,

@@ -60,8 +60,12 @@ class Reclaim:
             keep = self._hold  # a held split: the trainer keeps its side
         if not view.engines() and not coming:
             keep = 0  # no engine rolls out: the queue would wait forever
-        # (GPUs already sent away stay in TRAIN until their micro-batch ends: not twice)
-        free = tuple(g for g in tr.gpus if g not in self._switches.moving)
+        # (GPUs already sent away stay in TRAIN until their micro-batch ends: not twice. GPUs
+        # of a group still switching to the trainer are in it already and count: left out,
+        # the trainer kept them below its floor, which the contract refuses -- the fault
+        # sweep, 32 GPUs, seed 50)
+        arriving = {g for k in self._switches.to_train for g in k}
+        free = tuple(g for g in tr.gpus if g not in self._switches.moving or g in arriving)
         spare = (len(free) - keep) // tp
         if spare <= 0:
             return []

@@ -55,8 +55,14 @@ class Switches:
         self.sent_now.update(gpus)
         if role is Role.ROLLOUT:
             self.to_rollout.update(gpus)
-        elif role is Role.TRAIN:
-            self.to_train[gpus] = view.now
+        else:
+            # (sent on elsewhere before reaching rollout -- back to the trainer after a failure
+            # emptied it: no longer coming. Counted as coming for good while the trainer held
+            # them, they kept an engine's share of the last trajectory from the engines up: a
+            # stall under the fault sweep, 24 GPUs, seed 6)
+            self.to_rollout.difference_update(gpus)
+            if role is Role.TRAIN:
+                self.to_train[gpus] = view.now
         self._meter.switch_sent(gpus, view.now, role)
         return [Reassign(gpus, role, drain)]
 
@@ -81,10 +87,17 @@ class Switches:
             self.to_rollout.difference_update(gpus)
         self._meter.switch_done(gpus, view.now, role)
 
-    def to_trainer(self) -> int:
-        """GPUs on their way to the trainer (switching to it): they count toward its memory
-        floor before they arrive."""
-        return sum(len(k) for k in self.to_train)
+    def to_trainer(self, view: ClusterView) -> int:
+        """GPUs on their way to the trainer (switching to it, not failed): they count toward
+        its memory floor before they arrive. One a failure took out of its switch never
+        arrives (its group's report may name no GPU): counted, it kept a trainer one GPU
+        short of its floor from being lifted by the GPUs back from failures, for good (the
+        fault sweep, 8 GPUs, seed 48)."""
+        if not self.to_train:
+            return 0
+        failed = set(view.failed_gpus())
+        return sum(1 for k in self.to_train for g in k
+                   if view.role(g) is Role.SWITCHING and g not in failed)
 
     def coming(self, view: ClusterView) -> int:
         """GPUs on their way to rollout (switching, or in the trainer until its micro-batch

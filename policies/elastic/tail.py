@@ -124,14 +124,20 @@ class TailSpreader:
         loads[dst] = loads.get(dst, 0) + 1
         return Move((t,), engine=dst)
 
-    def steal(self, view: ClusterView, steps: range, leaving: frozenset[int] = frozenset()) -> list[Command]:
+    def steal(self, view: ClusterView, steps: range, ahead: int,
+              leaving: frozenset[int] = frozenset()) -> list[Command]:
         """``steal``: engines that stay in rollout with nothing to do (consolidation kept
         them) each take the live trajectory predicted longest from the most crowded engine
         that holds at least ``_CROWDED``: the tail then spreads out, where decode is fastest.
         ``leaving``: engines sent out of rollout in this decision, which the view (unchanged
         while the policy decides) still lists as idle: they take nothing (a held split grew
         its trainer by an idle engine, then stealing moved a trajectory onto it, which the
-        driver refused: 'Move to engine 0, which is not an active rollout engine')."""
+        driver refused: 'Move to engine 0, which is not an active rollout engine'). An
+        engine takes only a trajectory whose step its weights may generate (``ahead``
+        versions behind the step at most): an engine back from a failure whose weight sync
+        failed is idle, not syncing, and holds old weights (a stolen trajectory generated
+        by them was trained two versions on at staleness 1: the fault sweep, 24 GPUs,
+        seed 28)."""
         loads = view.engine_loads()
         # an engine that took a trajectory is not idle again until that one is over: its
         # load shows the move only once the context has arrived, and two steals onto one
@@ -146,19 +152,24 @@ class TailSpreader:
                 if load == 0 and e not in self._stolen_to and e not in leaving and not view.engine(e).syncing]
         if not idle:
             return []
-        by_engine: dict[int, list[tuple[float, str]]] = {}
+        by_engine: dict[int, list[tuple[float, str, int]]] = {}
         for st in steps:
             for rem, t, e in self._movable(view, st):
-                by_engine.setdefault(e, []).append((rem, t))
+                by_engine.setdefault(e, []).append((rem, t, st))
+        for kept in by_engine.values():
+            kept.sort()
         load = dict(loads)
         out: list[Command] = []
         for e in idle:
-            donors = [d for d in by_engine if load.get(d, 0) >= _CROWDED and by_engine[d]]
+            version = view.engine(e).version
+            donors = [d for d in by_engine if load.get(d, 0) >= _CROWDED
+                      and any(st - ahead <= version for _, _, st in by_engine[d])]
             if not donors:
-                break
+                continue
             d = max(donors, key=lambda x: (load[x], -x))
-            by_engine[d].sort()
-            _, t = by_engine[d].pop()  # the longest predicted (ties: the highest id)
+            # the longest predicted of a step these weights may generate (ties: the highest id)
+            i = max(i for i, (_, _, st) in enumerate(by_engine[d]) if st - ahead <= version)
+            _, t, _ = by_engine[d].pop(i)
             self._stolen_to[e] = t
             out.append(self._move(t, d, e, load))  # (e, now at 1, is never a donor)
         return out
