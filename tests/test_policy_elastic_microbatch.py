@@ -22,13 +22,15 @@ def test_the_meter_tells_a_micro_batchs_fixed_part_from_its_rate():
     # 16 GPUs: 0.5 s fixed (the gradient reduction) + 0.0006 GPU-s per token
     m = Meter()
     _timed(m, 16, 3200, 0.5 + 3200 * 0.0006 / 16)
-    # one size timed: the rate is that micro-batch's seconds per token, no fixed part known
+    # one size timed: the marginal rate is that micro-batch's, no fixed part known
     assert not m.rate_fitted and m.micro_batch_s(16) == 0.0
-    assert abs(m.train_gpu_s_per_token - 0.62 * 16 / 3200) < 1e-12  # (5x the true rate)
+    assert abs(m.marginal_gpu_s_per_token - 0.62 * 16 / 3200) < 1e-12  # (5x the true rate)
     _timed(m, 16, 96_000, 0.5 + 96_000 * 0.0006 / 16)
     assert m.rate_fitted
-    assert abs(m.train_gpu_s_per_token - 0.0006) < 1e-9
+    assert abs(m.marginal_gpu_s_per_token - 0.0006) < 1e-9
     assert abs(m.micro_batch_s(16) - 0.5) < 1e-9
+    # the trainer is sized by what its micro-batches took, fixed part and all: the newest
+    assert abs(m.train_gpu_s_per_token - (0.5 * 16 / 96_000 + 0.0006)) < 1e-12
     assert m.micro_batch_s(8) == 0.0  # (not timed at that width)
 
 
@@ -37,7 +39,7 @@ def test_the_fixed_part_is_per_trainer_width_with_one_rate():
     m = Meter()
     for gpus, tokens, fixed in ((8, 2900, 0.0), (8, 23_200, 0.0), (16, 2900, 0.49), (16, 89_900, 0.49)):
         _timed(m, gpus, tokens, fixed + tokens * 0.00058 / gpus)
-    assert abs(m.train_gpu_s_per_token - 0.00058) < 1e-9
+    assert abs(m.marginal_gpu_s_per_token - 0.00058) < 1e-9
     assert abs(m.micro_batch_s(8)) < 1e-9 and abs(m.micro_batch_s(16) - 0.49) < 1e-9
 
 
@@ -49,7 +51,7 @@ def test_a_line_that_curves_upward_has_no_fixed_part():
     _timed(m, 8, 1000, 0.1)
     _timed(m, 8, 10_000, 2.0)
     assert m.rate_fitted and m.micro_batch_s(8) == 0.0
-    assert abs(m.train_gpu_s_per_token - 1.9 / 1125) < 1e-12
+    assert abs(m.marginal_gpu_s_per_token - 1.9 / 1125) < 1e-12
 
 
 def _ready_on_a_trainer_with_gpus_coming(tokens: dict[str, int], fixed: float = 0.0) -> list:

@@ -67,10 +67,7 @@ class Training:
         if rate is None:
             return 0.0
         ready = [t for s in steps for t in view.finished(s)]
-        if not ready:
-            return 0.0
-        tokens = sum(view.trajectory(t).tokens for t in ready)
-        return self._meter.micro_batch_s(gpus) + tokens * rate / max(1, gpus)
+        return sum(view.trajectory(t).tokens for t in ready) * rate / max(1, gpus)
 
     def gains(self, view: ClusterView, steps: range, have: int, add: int) -> bool:
         """Does the trainer (``have`` GPUs) finish what is ready sooner by more than a
@@ -80,10 +77,9 @@ class Training:
         alone = self.ready_seconds(view, steps, have)
         if sw is None:
             return alone > 0
-        fixed = self._meter.micro_batch_s(have)  # (paid on either trainer)
-        if alone - fixed <= sw:
+        if alone <= sw:
             return False
-        joined = sw + fixed + (alone - fixed - sw) * have / (have + add)
+        joined = sw + (alone - sw) * have / (have + add)
         return alone - joined > sw
 
     def keep(self, view: ClusterView, steps: range) -> int:
@@ -146,7 +142,7 @@ class Training:
         alone (its siblings finish in the same instant, but one event at a time), one extra
         reduction per step on a trainer that was the bottleneck."""
         m = self._meter
-        rate = m.train_gpu_s_per_token
+        rate = m.marginal_gpu_s_per_token
         return bool(m.rate_fitted and rate is not None and gpus > 0
                     and tokens * rate / gpus < m.micro_batch_s(gpus))
 
@@ -162,7 +158,7 @@ class Training:
         GPUs switching to it were seconds away, and staleness-1 elastic was up to 21% behind
         the best async on traces with no length spread."""
         m = self._meter
-        rate, sw = m.train_gpu_s_per_token, m.switch_s
+        rate, sw = m.marginal_gpu_s_per_token, m.switch_s
         if rate is None or sw is None or gpus <= 0:
             return ready[:1]
         arrive = min(sent + sw for sent in to_train.values())
