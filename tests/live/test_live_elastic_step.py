@@ -58,7 +58,10 @@ from rlsched.cluster.view import ClusterView
 pytestmark = pytest.mark.live
 
 STEPS, TASKS, SAMPLES = 2, 2, 2
-ACT_AFTER_S = 2.5
+ACT_AFTER_S = 0.5  # after the dispatch: the trajectories are in their first turns
+RETRY_S, TRIES = 0.25, 60  # then every RETRY_S until three run on engine 0, TRIES times
+# (until 2026-12 2.5 s, then every 0.5 s, 20 times: once, run after ten other live tests,
+# the script never acted and the run stalled)
 
 
 class ScriptedElasticStep:
@@ -89,7 +92,7 @@ class ScriptedElasticStep:
                         if view.trajectory(t).status is TrajStatus.RUNNING and view.trajectory(t).engine == 0]
                 if len(here) < 3:
                     self.tries += 1
-                    return [SetTimer(view.now + 0.5, "act")] if self.tries < 20 else []
+                    return [SetTimer(view.now + RETRY_S, "act")] if self.tries < TRIES else []
                 self.moved, self.cut = here[0], here[1]
                 return [Move((self.moved,), engine=1), Interrupt((self.cut,), keep_progress=True)]
             case TrajectoryFinished() if (self.cut and not self.trainer_asked and view.trainer().version == 0

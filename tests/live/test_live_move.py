@@ -30,13 +30,17 @@ from rlsched.cluster.view import ClusterView
 pytestmark = pytest.mark.live
 
 TASKS, SAMPLES = 2, 2
-MOVE_AFTER_S = 2.5  # after the dispatch: the trajectories are in their first turns
+MOVE_AFTER_S = 0.5  # after the dispatch: the trajectories are in their first turns
+RETRY_S, TRIES = 0.25, 60  # then every RETRY_S until at least two run there, TRIES times
+# (until 2026-12 the first look was at 2.5 s and then every 0.5 s, 20 times: on a fast CI
+# host the tiny model's trajectories had ended or thinned out by then, and the script
+# never moved anything -- once in a clean-clone CI run)
 
 
 class ScriptedMovePolicy:
     """A fake policy: engines 0 and 1 (GPUs 0, 1); step 0 on engine 0; after
     ``MOVE_AFTER_S`` every trajectory still running there but the last moves to engine 1
-    (the timer re-arms until at least two run, at most 20 times); once the step is done,
+    (the timer re-arms until at least two run, at most ``TRIES`` times); once the step is done,
     GPU 1 becomes the trainer and trains it."""
 
     name: ClassVar[str] = "scripted-move"
@@ -61,7 +65,7 @@ class ScriptedMovePolicy:
                         if view.trajectory(t).status is TrajStatus.RUNNING and view.trajectory(t).engine == 0]
                 if len(here) < 2:
                     self.tries += 1
-                    return [SetTimer(view.now + 0.5, "move")] if self.tries < 20 and not self.moved else []
+                    return [SetTimer(view.now + RETRY_S, "move")] if self.tries < TRIES and not self.moved else []
                 self.moved = tuple(here[:-1])
                 return [Move(self.moved, engine=1)]
             case TrajectoryFinished():
