@@ -39,7 +39,7 @@ cdef class EngineSim:
 
     @cython.locals(start=double, prefill=double, p=double, target=double, base=double,
                    b=Py_ssize_t, seq=cython.longlong)
-    cpdef join(self, double now, object key, long long cached, long long new, double tokens)
+    cpdef double join(self, double now, object key, long long cached, long long new, double tokens)
 
     @cython.locals(start=double, progress=double, target=double, base=double, b=Py_ssize_t,
                    heap=list, members=dict, due=list)

@@ -166,10 +166,12 @@ class EngineSim:
         return self.stall_end
 
     # --------------------------------------------------------------- batch
-    def join(self, now: float, key: Hashable, cached: int, new: int, tokens: float) -> None:
+    def join(self, now: float, key: Hashable, cached: int, new: int, tokens: float) -> float:
         """``key`` prefills ``new`` tokens on top of ``cached`` ones (a stall, if any are
-        new), then decodes ``tokens`` more. (:meth:`advance`, :meth:`stall`,
-        ``CostModel.prefill_s`` are inlined and :meth:`_step` is a C call when compiled: this runs every turn.)"""
+        new), then decodes ``tokens`` more; returns when its prefill ends (``now`` with none
+        new: a move before then leaves the prompt to be prefilled where it lands).
+        (:meth:`advance`, :meth:`stall`, ``CostModel.prefill_s`` are inlined and
+        :meth:`_step` is a C call when compiled: this runs every turn.)"""
         start = self.updated if self.updated > self.stall_end else self.stall_end
         if now > start and self.rate > 0.0:
             self.progress += (now - start) * self.rate
@@ -189,6 +191,7 @@ class EngineSim:
         heappush(self.heap, (target, seq, key, base))
         b = len(members)
         self.rate = 1.0 / self._step(b, self.ctx_base + b * p)
+        return self.stall_end if new > 0 else now
 
     def leave(self, now: float, key: Hashable, tokens: int) -> int:
         """Remove a member early (interrupt, migration). ``tokens`` is what it joined to

@@ -331,8 +331,7 @@ class Lifecycle(DriverCore):
         if len(eng.members) >= self.max_seqs:
             self._wait_seq(t, eng, new, cached)
             return False
-        eng.join(self.now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
-        t.prefill_end = eng.stall_end if new > 0 else self.now
+        t.prefill_end = eng.join(self.now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
         self.engine_touch(eng)
         eng.rearm(self.now)
         return True
@@ -361,8 +360,7 @@ class Lifecycle(DriverCore):
         if len(eng.members) >= self.max_seqs:
             self._wait_seq(t, eng, new, cached)
             return
-        eng.join(self.now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
-        t.prefill_end = eng.stall_end if new > 0 else self.now
+        t.prefill_end = eng.join(self.now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
         self.engine_touch(eng)
         eng.rearm(self.now)
 
@@ -386,8 +384,7 @@ class Lifecycle(DriverCore):
             t, new, cached = wait.popleft()
             if t.turn_progress == 0 or eng.version < t.turn_version:
                 t.turn_version = eng.version
-            eng.join(now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
-            t.prefill_end = eng.stall_end if new > 0 else now
+            t.prefill_end = eng.join(now, t, cached, new, self.w_output[t.first + t.ts.turns_done] - t.turn_progress)
         if not wait:
             del self.seq_wait[eng]
         self.engine_touch(eng)

@@ -182,8 +182,7 @@ def env_timer(d: Any, ev: Any) -> None:
                 if t.turn_progress == 0 or eng.version < t.turn_version:
                     t.turn_version = eng.version
                 if len(eng.members) < d.max_seqs:
-                    eng.join(now, t, cached, new, o - t.turn_progress)
-                    t.prefill_end = eng.stall_end if new > 0 else now
+                    t.prefill_end = eng.join(now, t, cached, new, o - t.turn_progress)
                     if eng.gstate is not _GENERATE or eng.sync_end > now:
                         engine_touch(d, eng)
                     eng.rearm(now)
