@@ -406,8 +406,7 @@ def write_collected(t: Tables, figures: dict[str, str], out_dir: Path, *, title:
             df.to_csv(out_dir / name, index=False)
         path.write_text(page, encoding="utf-8")
     except OSError as exc:  # e.g. --out below a file: one line, no traceback
-        reason = os.strerror(exc.errno) if exc.errno else exc.__class__.__name__
-        raise RecordError(f"{out_dir}: cannot write the report there ({reason}) "
+        raise RecordError(f"{out_dir}: cannot write the report there ({exc.strerror or exc.__class__.__name__}) "
                           "(expected the report's output folder)") from None
     return path
 

@@ -15,14 +15,14 @@ from rlsched.cluster.ids import GpuId, Role
 _FIT_WINDOW = 8
 
 
-def _fit(timed: list[tuple[int, float, float]]) -> tuple[float, dict[int, float], bool]:
-    """(marginal GPU-seconds per token, fixed seconds per micro-batch by trainer width,
-    fitted) from recent micro-batches' (GPUs, tokens per GPU, seconds): least-squares lines
-    of one slope, the marginal rate, and an intercept per width, what a micro-batch costs
-    whatever its size (the gradient reduction: none on one replica, more as the
-    data-parallel ranks grow). ``fitted``: some width timed micro-batches of two sizes, so
-    the parts are told apart. Before that, the lowest seconds per token timed, with no
-    fixed part (a one-trajectory micro-batch is mostly its fixed part). A slope that is not
+def _fit(timed: list[tuple[int, float, float]]) -> tuple[float, dict[int, float]]:
+    """(marginal GPU-seconds per token, fixed seconds per micro-batch by trainer width)
+    from recent micro-batches' (GPUs, tokens per GPU, seconds): least-squares lines of one
+    slope, the marginal rate, and an intercept per width, what a micro-batch costs whatever
+    its size (the gradient reduction: none on one replica, more as the data-parallel ranks
+    grow). Until some width timed micro-batches of two sizes the parts cannot be told apart:
+    the lowest seconds per token timed, with no fixed part known (a one-trajectory
+    micro-batch is mostly its fixed part). A slope that is not
     positive gives the lowest seconds per token too; a negative intercept (FLOPs per token
     grow with a trajectory's length, so long-tailed micro-batches curve upward), none.
 
@@ -39,12 +39,12 @@ def _fit(timed: list[tuple[int, float, float]]) -> tuple[float, dict[int, float]
     var = sum((x - means[g][0]) ** 2 for g, v in groups.items() for x, _ in v)
     cov = sum((x - means[g][0]) * (y - means[g][1]) for g, v in groups.items() for x, y in v)
     if var <= 1e-12 * max(1.0, max(x * x for _, x, _ in timed)):
-        return lowest, {}, False
+        return lowest, {}
     slope = cov / var
     if slope <= 0:
-        return lowest, {}, True
+        return lowest, {}
     fixed = {g: max(0.0, my - slope * mx) for g, (mx, my) in means.items()}
-    return slope, fixed, True
+    return slope, fixed
 
 
 class Meter:
@@ -58,7 +58,6 @@ class Meter:
         self.train_gpu_s_per_token: float | None = None  # the newest micro-batch's, all told
         self.marginal_gpu_s_per_token: float | None = None  # fitted: the fixed part excluded
         self._fixed: dict[int, float] = {}  # fixed seconds of a micro-batch, by trainer width
-        self.rate_fitted = False  # the two parts come from micro-batches of two sizes
         self.step_tokens: int | None = None  # tokens the last optimizer step trained
         self._step_sent = 0  # tokens sent to micro-batches since the last optimizer step
         self._released: dict[int, float] = {}
@@ -92,7 +91,7 @@ class Meter:
         if tokens > 0 and now > started:
             self._timed = [*self._timed[1 - _FIT_WINDOW:], (gpus, tokens / gpus, now - started)]
             self.train_gpu_s_per_token = (now - started) * gpus / tokens
-            self.marginal_gpu_s_per_token, self._fixed, self.rate_fitted = _fit(self._timed)
+            self.marginal_gpu_s_per_token, self._fixed = _fit(self._timed)
 
     def micro_batch_s(self, gpus: int) -> float:
         """Fixed seconds of a micro-batch on ``gpus`` GPUs (its gradient reduction): 0 until

@@ -23,10 +23,9 @@ def test_the_meter_tells_a_micro_batchs_fixed_part_from_its_rate():
     m = Meter()
     _timed(m, 16, 3200, 0.5 + 3200 * 0.0006 / 16)
     # one size timed: the marginal rate is that micro-batch's, no fixed part known
-    assert not m.rate_fitted and m.micro_batch_s(16) == 0.0
+    assert m.micro_batch_s(16) == 0.0
     assert abs(m.marginal_gpu_s_per_token - 0.62 * 16 / 3200) < 1e-12  # (5x the true rate)
     _timed(m, 16, 96_000, 0.5 + 96_000 * 0.0006 / 16)
-    assert m.rate_fitted
     assert abs(m.marginal_gpu_s_per_token - 0.0006) < 1e-9
     assert abs(m.micro_batch_s(16) - 0.5) < 1e-9
     # the trainer is sized by what its micro-batches took, fixed part and all: the newest
@@ -50,7 +49,7 @@ def test_a_line_that_curves_upward_has_no_fixed_part():
     m = Meter()
     _timed(m, 8, 1000, 0.1)
     _timed(m, 8, 10_000, 2.0)
-    assert m.rate_fitted and m.micro_batch_s(8) == 0.0
+    assert m.micro_batch_s(8) == 0.0
     assert abs(m.marginal_gpu_s_per_token - 1.9 / 1125) < 1e-12
 
 

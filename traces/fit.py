@@ -45,6 +45,7 @@ import pandas as pd
 from scipy import stats
 
 from rlsched.cluster.errors import TraceError
+from rlsched.traces.generate import check_seed
 from rlsched.traces.schema import validate_trace
 
 FAMILIES: tuple[str, ...] = ("lognorm", "gamma", "weibull_min")
@@ -173,7 +174,7 @@ class FittedTrace:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TraceError(f"generate_like: {name}={value!r} — expected a whole number "
                                  f">= 1")
-        _check_seed("generate_like", seed)
+        check_seed("generate_like", seed)
         rng = np.random.default_rng(seed)
         n_traj = tasks * samples
         lengths = self.turns.sample(rng, n_traj).astype(np.int64)
@@ -233,12 +234,6 @@ class FittedTrace:
         return out
 
 
-def _check_seed(where: str, seed: object) -> None:
-    """numpy's generators take whole numbers >= 0 only (else a bare ValueError)."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise TraceError(f"{where}: seed={seed!r} — expected a whole number >= 0")
-
-
 def fit_trace(df: pd.DataFrame, *, seed: int = 0,
               families: tuple[str, ...] = FAMILIES) -> tuple[FittedTrace, pd.DataFrame]:
     """Fit the distributions of a canonical trace.
@@ -254,7 +249,7 @@ def fit_trace(df: pd.DataFrame, *, seed: int = 0,
                              f"scipy.stats name such as {', '.join(FAMILIES)}")
     if len(df) == 0:
         raise TraceError("fit_trace: the trace has no rows — expected at least one turn")
-    _check_seed("fit_trace", seed)
+    check_seed("fit_trace", seed)
     rng = np.random.default_rng(seed)
     values = distributions(df)
     spec = {

@@ -27,6 +27,13 @@ def _lognormal(rng: np.random.Generator, median: float, sigma: float, size: int)
 _MAX_TOKENS = float(2**62)
 
 
+def check_seed(where: str, seed: object) -> None:
+    """A generator seed is a whole number >= 0 (numpy's generators take no other: a bare
+    ValueError or TypeError from deep inside otherwise)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"{where}: seed={seed!r} — expected a whole number >= 0")
+
+
 def _tokens(values: np.ndarray, scale: float, cap: float | None = None) -> np.ndarray:
     out = np.rint(values * scale)
     if cap is not None:
@@ -67,8 +74,7 @@ def generate_trace(preset: str | GenParams, *, seed: int, **overrides: float) ->
     ``branch_turn``, ``reward``, ``truncated``. Task ids are ``t<k>``, trajectory ids
     ``t<k>-s<j>`` (sample ``j`` of task ``k``); a fork always follows its parent in the file.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"generate_trace: seed={seed!r} — expected a whole number >= 0")
+    check_seed("generate_trace", seed)
     p = get_preset(preset)
     if overrides:
         p = p.replace(**overrides)

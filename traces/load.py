@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -248,7 +247,6 @@ def write_trace(df: pd.DataFrame, path: str | Path) -> Path:
             for lo, hi in _row_group_bounds(df):
                 w.write_table(table.slice(lo, hi - lo), row_group_size=max(hi - lo, 1))
     except OSError as exc:  # a folder, a missing or read-only place: one line, no traceback
-        reason = os.strerror(exc.errno) if exc.errno else exc.__class__.__name__
-        raise TraceError(f"{path}: cannot write the trace ({reason}) — expected a file path "
+        raise TraceError(f"{path}: cannot write the trace ({exc.strerror or exc.__class__.__name__}) — expected a file path "
                          "that can be written") from None
     return path

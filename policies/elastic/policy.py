@@ -151,20 +151,20 @@ class Elastic(FixedSplit, Reclaim, Configured):
                     cmds.append(SyncWeights())
             case WeightsSynced():
                 pass
+        tr = view.trainer()  # (the view does not change while the policy decides)
         if isinstance(event, (WorkerRecovered, RolesChanged)) and view.gpus_in(Role.IDLE):
             back = idle_engines(view)  # failures left whole engines idle: roll out again
             if back and view.gpus_in(Role.ROLLOUT) + view.gpus_in(Role.TRAIN):
                 cmds += self._send(view, back, Role.ROLLOUT)
-            cmds += self._lift_trainer(view, frozenset(back))
-        elif isinstance(event, TrajectoryFinished) and self._below_floor(view):
-            cmds += self._lift_trainer(view, frozenset())  # (the rollout may just have ended)
+            cmds += self._lift_trainer(view, tr, frozenset(back))
+        elif isinstance(event, TrajectoryFinished) and 0 < len(tr.gpus) < tr.min_gpus:
+            cmds += self._lift_trainer(view, tr, frozenset())  # (the rollout may just have ended)
         # (TRAIN first: the trainer's record below lists it anyway, and a trainer is up on
         # most events, so the rollout GPUs, up to a thousand at seed scale, are rarely listed)
         if self._switches.pending == 0 and not view.gpus_in(Role.TRAIN) and not view.gpus_in(Role.ROLLOUT):
             gpus = usable(view, Role.ROLLOUT)  # (every GPU, unless some failed)
             if gpus:  # start of the run: every GPU rolls out (with staleness, but a trainer)
                 return cmds + self._start(view, gpus)
-        tr = view.trainer()  # (the view does not change while the policy decides)
         self._release_batches(view, tr)
         self._requeue_interrupted(view)
         grow = self._grow_to_hold(view, tr)
@@ -206,7 +206,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
         trainer's step (and the one before it, whose cut tail it carries) to the last released."""
         return range(max(0, self._train_step - 1), self._released)
 
-    def _lift_trainer(self, view: ClusterView, sent: frozenset[int]) -> list[Command]:
+    def _lift_trainer(self, view: ClusterView, tr: TrainerInfo, sent: frozenset[int]) -> list[Command]:
         """A trainer left below its memory floor by a failure runs nothing. GPUs back from
         failures that make no whole engine (their partners are in the trainer) join it when
         no engine can leave rollout to lift it: on a cluster of the floor's size (no engine
@@ -217,29 +217,20 @@ class Elastic(FixedSplit, Reclaim, Configured):
         rule there too moved the fingerprint's fault runs by -16% to +22%). A rollout that
         ends with the trainer still short lifts it too (its last trajectory's finish): a
         cluster of the floor and one engine has no engine to spare for it (a stall under the
-        fault sweep, 12 GPUs, seeds 0 and 5)."""
-        tr = view.trainer()
+        fault sweep, 12 GPUs, seeds 0 and 5). Work left to roll out includes trajectories
+        stopped and not yet requeued (this decision requeues them later)."""
         have = len(tr.gpus) + self._switches.to_trainer(view)
         if not tr.gpus or have >= tr.min_gpus:
             return []
         if not trainer_fills_cluster(view, tr):
             totals = view.rollout_totals()
-            if totals.live + totals.unbound or self._queue:
+            if (totals.live + totals.unbound or self._queue
+                    or any(view.interrupted(s) for s in self._rolling())):
                 return []  # (work rolls out: consolidation lifts it with whole engines)
         failed = set(view.failed_gpus())
         spare = tuple(g for g in view.gpus_in(Role.IDLE)
                       if g not in failed and g not in sent and g not in self._switches.moving)
         return self._send(view, spare, Role.TRAIN) if spare else []
-
-    def _below_floor(self, view: ClusterView) -> bool:
-        """Is the trainer below its memory floor, with GPUs idle that could lift it and
-        nothing left to roll out (no trajectory live, queued or stopped to resume)?"""
-        tr = view.trainer()
-        if not tr.gpus or len(tr.gpus) >= tr.min_gpus or not view.gpus_in(Role.IDLE):
-            return False
-        totals = view.rollout_totals()
-        return not (totals.live or totals.unbound or self._queue
-                    or any(view.interrupted(s) for s in self._rolling()))
 
     def _steal(self, view: ClusterView) -> list[Command]:
         """``steal``: engines consolidation kept idle take work off crowded ones (:mod:`.tail`),

@@ -143,8 +143,7 @@ class Training:
         reduction per step on a trainer that was the bottleneck."""
         m = self._meter
         rate = m.marginal_gpu_s_per_token
-        return bool(m.rate_fitted and rate is not None and gpus > 0
-                    and tokens * rate / gpus < m.micro_batch_s(gpus))
+        return rate is not None and gpus > 0 and tokens * rate / gpus < m.micro_batch_s(gpus)
 
     def _before_arrival(self, view: ClusterView, gpus: int, ready: tuple[str, ...],
                         to_train: Mapping[tuple[int, ...], float]) -> tuple[str, ...]:
