@@ -141,6 +141,29 @@ def decode_engine_seconds_many(cost: CostModel, tp: int, tokens: np.ndarray, kv_
     return np.where(tokens > 0, np.maximum(memory, compute), 0.0)
 
 
+def context_before(workload: Workload) -> np.ndarray:
+    """Context tokens before each turn, within its trajectory (one entry per turn)."""
+    tok = workload.prompt.astype(np.float64) + workload.output.astype(np.float64)
+    cum = np.cumsum(tok)
+    before_traj = np.repeat(cum[workload.start] - tok[workload.start], workload.turns)
+    return cum - tok - before_traj
+
+
+def turn_solo_seconds(workload: Workload, cost: CostModel, tp: int,
+                      ctx_before: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(prefill seconds, solo seconds) of each turn: alone on an engine of ``tp`` GPUs
+    (batch 1, the turn's smallest context, prefix cache hit, its tool call never queued) --
+    the fastest any schedule can run it, so a trajectory's solo time (the sum over its
+    kept turns) is a lower bound on its rollout from dispatch to finish."""
+    if ctx_before is None:
+        ctx_before = context_before(workload)
+    p = workload.prompt.astype(np.float64)
+    o = workload.output.astype(np.float64)
+    prefill = cost.prefill_s(tp, p, ctx_before)
+    solo = prefill + o * cost.decode_coefficients(tp).step_s(1, ctx_before + p, np.maximum) + workload.env
+    return prefill, solo
+
+
 def min_reduce_s(cost: CostModel, layout: TrainLayout, usable: int) -> float:
     """The cheapest gradient reduction one micro-batch can cost at any width the trainer
     can have (whole replicas from its floor to ``usable``, inside one NVLink domain or not):
@@ -198,14 +221,9 @@ def bound_terms(
     p = workload.prompt.astype(np.float64)
     o = workload.output.astype(np.float64)
     starts = workload.start
-    # context before each turn (within its trajectory)
+    ctx_before = context_before(workload)
     tok = p + o
-    cum = np.cumsum(tok)
-    before_traj = np.repeat(cum[starts] - tok[starts], workload.turns)
-    ctx_before = cum - tok - before_traj
-    prefill = cost.prefill_s(tp, p, ctx_before)
-    # alone on an engine (batch 1) at the turn's smallest context, the cheapest placement
-    solo = prefill + o * cost.decode_coefficients(tp).step_s(1, ctx_before + p, np.maximum) + workload.env
+    prefill, solo = turn_solo_seconds(workload, cost, tp, ctx_before)
 
     def cs(x: np.ndarray) -> np.ndarray:
         return np.concatenate([[0.0], np.cumsum(x)])
