@@ -87,7 +87,7 @@ CAUSE_NAMES = {"gap_tail_s": "tail", "gap_trainer_wait_s": "trainer waiting", "g
 _CACHE: dict[tuple, tuple] = {}
 
 
-def _setup(trace: str, steps: int, tasks: int):
+def bench_inputs(trace: str, steps: int, tasks: int):
     key = (trace, steps, tasks)
     if key not in _CACHE:
         df = load_trace(trace)
@@ -98,7 +98,7 @@ def _setup(trace: str, steps: int, tasks: int):
     return _CACHE[key]
 
 
-def _policy(spec: str, turns: dict[str, int]):
+def bench_policy(spec: str, turns: dict[str, int]):
     if spec.startswith("oracle"):
         _, raw = parse_spec(spec)
         return Oracle.from_lengths(turns, **resolve_params(Oracle, raw))
@@ -107,8 +107,8 @@ def _policy(spec: str, turns: dict[str, int]):
 
 def run_one(job: tuple[str, str, int, int, int, bool]) -> dict:
     trace, spec, gpus, steps, tasks, processor = job
-    w, b, turns = _setup(trace, steps, tasks)
-    policy = _policy(spec, turns)
+    w, b, turns = bench_inputs(trace, steps, tasks)
+    policy = bench_policy(spec, turns)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:  # (the record, for the gap by cause)
         out = simulate(w, b, policy, RunConfig(gpus=gpus, tp=4, steps=steps, processor=processor),

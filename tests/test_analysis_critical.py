@@ -1,0 +1,124 @@
+"""The critical-path view of a run (rlsched.analysis.critical) on records the simulator wrote:
+by hand on the hand-costed timeline, and its invariants on a long-tailed run."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlsched.analysis.critical import CRITICAL_COLUMNS, critical_path, critical_totals
+from rlsched.analysis.load import load_run
+from rlsched.cluster.config import RunConfig
+from rlsched.policies import make_policy
+from rlsched.sim.bound import turn_solo_seconds
+from rlsched.sim.presets import default_cost
+from rlsched.sim.run import simulate
+from rlsched.sim.workload import Workload
+from rlsched.traces import draw_batches, generate_trace, write_trace
+
+from simkit import ABC, APPROX, HAND_COST, run
+
+
+def solo_of(workload: Workload, cost, tp: int) -> dict[str, float]:
+    _, solo = turn_solo_seconds(workload, cost, tp)
+    cs = np.concatenate([[0.0], np.cumsum(solo)])
+    return {tid: float(cs[workload.start[i] + workload.turns[i]] - cs[workload.start[i]])
+            for tid, i in workload.index.items()}
+
+
+def test_turn_solo_seconds_by_hand():
+    # decode 1 s per token, prefill ~0: A 3 tokens, B 1 + 2 s of tool + 1, C 2 tokens
+    solo = solo_of(Workload.from_frame(ABC), HAND_COST, 1)
+    assert [solo[t] for t in "ABC"] == pytest.approx([3.0, 4.0, 2.0], abs=1e-6)
+
+
+def test_colocated_step_by_hand(tmp_path):
+    # t=0-1 both GPUs switch to rollout; B (solo 4 s) ends last at 5 on its own engine, as fast
+    # as alone; 5-6 the switch to the trainer, training ~0: the step ends at 6
+    run(ABC, [["A", "B", "C"]], "colocated", out_dir=tmp_path / "r")
+    table = critical_path(load_run(tmp_path / "r"), solo_of(Workload.from_frame(ABC), HAND_COST, 1))
+    assert tuple(table.columns) == CRITICAL_COLUMNS
+    (row,) = table.to_dict("records")
+    assert row["last_trajectory"] == "B"
+    assert [row[c] for c in ("start_delay_s", "longest_solo_s", "tail_slowdown_s", "after_rollout_s",
+                             "period_s")] == pytest.approx([1.0, 4.0, 0.0, 1.0, 6.0], **APPROX)
+
+
+def test_each_step_waits_for_the_switches_by_hand(tmp_path):
+    run(ABC, [["A"], ["C"]], "colocated", out_dir=tmp_path / "r")
+    table = critical_path(load_run(tmp_path / "r"), solo_of(Workload.from_frame(ABC), HAND_COST, 1))
+    assert table["step"].tolist() == [0, 1]
+    # step 0: switch 0-1, A 1-4, switch to train 4-5; step 1: switch back 5-6, C 6-8, 8-9
+    assert table["start_delay_s"].tolist() == pytest.approx([1.0, 1.0], **APPROX)
+    assert table["longest_solo_s"].tolist() == pytest.approx([3.0, 2.0], **APPROX)
+    assert table["tail_slowdown_s"].tolist() == pytest.approx([0.0, 0.0], abs=1e-6)
+    assert table["after_rollout_s"].tolist() == pytest.approx([1.0, 1.0], **APPROX)
+    assert table["period_s"].tolist() == pytest.approx([5.0, 4.0], **APPROX)
+
+
+def test_a_trajectory_without_a_solo_time_leaves_the_span_to_the_slowdown(tmp_path):
+    run(ABC, [["A", "B", "C"]], "colocated", out_dir=tmp_path / "r")
+    (row,) = critical_path(load_run(tmp_path / "r"), {}).to_dict("records")
+    assert row["longest_solo_s"] == 0.0
+    assert row["tail_slowdown_s"] == pytest.approx(4.0, **APPROX)
+
+
+@pytest.fixture(scope="module")
+def longtail():
+    df = generate_trace("longtail-small", seed=3, tasks=12, samples=4)
+    w = Workload.from_frame(df)
+    return w, draw_batches(df, 3, 4), solo_of(w, default_cost(), 4)
+
+
+@pytest.mark.parametrize("spec", ["colocated", "elastic", "elastic:staleness=1", "async:staleness=1"])
+def test_parts_and_solo_bound_on_a_long_tailed_run(tmp_path, longtail, spec):
+    w, batches, solo = longtail
+    out = simulate(w, batches, make_policy(spec), RunConfig(gpus=16, tp=4, steps=3), default_cost(),
+                   out_dir=tmp_path / "r")
+    rec = load_run(tmp_path / "r")
+    by_run = {rid: solo[tid] for b in batches for rid, tid in b}
+    table = critical_path(rec, by_run)
+    assert table["step"].tolist() == [0, 1, 2]
+    # solo is a lower bound on every trajectory's rollout: no span is shorter than its longest
+    t = rec.trajectories
+    spans = t["finish_time"] - t["dispatch_time"]
+    assert (spans.to_numpy() >= np.array([by_run[r] for r in t["trajectory"]]) - 1e-6).all()
+    assert (table["tail_slowdown_s"] >= 0).all() and (table["after_rollout_s"] >= 0).all()
+    parts = table[["start_delay_s", "longest_solo_s", "tail_slowdown_s", "after_rollout_s"]].sum(axis=1)
+    tot = critical_totals(table)
+    assert tot["period_s"] == pytest.approx(out.result.makespan, **APPROX)
+    if make_policy(spec).max_staleness == 0:  # on-policy: the parts are the step, end to end
+        assert parts.tolist() == pytest.approx(table["period_s"].tolist(), **APPROX)
+    else:  # steps overlap: the next batch rolls out before the step before it has trained
+        assert (parts >= table["period_s"] - 1e-6).all()
+        assert (table["start_delay_s"][1:] == 0).all()
+
+
+CRITICAL = Path(__file__).resolve().parents[1] / "bench" / "critical_path.py"
+
+
+def test_the_script_on_a_trace_file_prints_each_policy_and_step(tmp_path):
+    df = generate_trace("longtail-small", seed=0, tasks=4, samples=2, turns_scale=0.1, branch_frac=0.0)
+    path = write_trace(df, tmp_path / "mine.parquet")
+    out = subprocess.run(
+        [sys.executable, str(CRITICAL), "--gpus", "16", "--traces", "none", "--trace-file", str(path),
+         "--policies", "colocated,async:staleness=1;rollout_fraction=0.5", "--per-step"],
+        capture_output=True, text=True, timeout=600, check=True,
+    ).stdout
+    assert "### mine: 16 GPUs, 12 steps, 4 tasks a step" in out
+    assert "| colocated |" in out and "| async:staleness=1,rollout_fraction=0.5 |" in out
+    assert out.count("| 11 |") == 2  # every step's row, for each policy
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--traces", "none"], "--traces none: give at least one --trace-file"),
+    (["--traces", "nope"], "--traces: unknown trace 'nope'"),
+    (["--gpus", "lots"], "--gpus 'lots': expected whole numbers"),
+    (["--policies", "nope"], "critical_path: nope on longtail-small (shipped):"),
+])
+def test_the_script_refuses_bad_input_in_one_line(args, says):
+    r = subprocess.run([sys.executable, str(CRITICAL), *args], capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0
+    assert says in r.stderr and "Traceback" not in r.stderr
