@@ -21,12 +21,14 @@ steps the other way, along the time each step takes:
 With staleness 0 the four sum to the step's period (end to end). With staleness the next
 steps roll out while a step trains, so a step's rollout can start before the previous
 step's end (start delay 0) and the four overlap from step to step; each still says what
-that step's rollout and training took. The solo times come from the caller (the cost
-model's, ``rlsched.sim.bound.turn_solo_seconds``): a record holds no cost model.
+that step's rollout and training took. The solo times are the record's ``solo_seconds``
+column (the simulator writes it from its cost model); a live run has none, and its rows
+give the rollout's span whole (``rollout_s``) with the solo and slowdown parts NaN.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import pandas as pd
@@ -35,57 +37,78 @@ from rlsched.cluster.ids import TrajStatus
 from rlsched.cluster.record import RunRecord
 
 CRITICAL_COLUMNS: tuple[str, ...] = (
-    "step", "start_delay_s", "longest_solo_s", "tail_slowdown_s", "after_rollout_s",
+    "step", "start_delay_s", "rollout_s", "longest_solo_s", "tail_slowdown_s", "after_rollout_s",
     "period_s", "start", "last_finish", "end", "last_trajectory",
 )
+# the parts summed over the steps, as summary.csv has them (analysis.metrics)
+TOTAL_COLUMNS: dict[str, str] = {
+    "start_delay_s": "steps_start_delay_s", "longest_solo_s": "steps_longest_solo_s",
+    "tail_slowdown_s": "steps_tail_slowdown_s", "after_rollout_s": "steps_after_rollout_s",
+}
 _ROLLED = (TrajStatus.TRAINED.value, TrajStatus.DONE.value, TrajStatus.TIMED_OUT.value)
 
 
-def critical_path(record: RunRecord, solo_s: Mapping[str, float]) -> pd.DataFrame:
+def critical_path(record: RunRecord, solo_s: Mapping[str, float] | None = None) -> pd.DataFrame:
     """One row per trained step (``CRITICAL_COLUMNS``; seconds). ``solo_s``: each
-    trajectory's solo seconds over the turns it kept, by trajectory id (a trajectory
-    missing from it counts as 0 s, so its step's tail slowdown is an upper figure).
+    trajectory's solo seconds over the turns it kept, by trajectory id; default: the
+    record's ``solo_seconds`` column (without one, or with a NaN among a step's
+    trajectories, that step's longest solo and tail slowdown are NaN).
 
-    A step's rollout is its trajectories that ended on their own or at their limit (trained,
-    done, timed out); one cut or dropped is left out of its span (a deferring policy trains
-    it with a later step)."""
+    A step's rollout is its trajectories that ran to their end (trained, done or timed out;
+    dropped and stopped ones are left out). With a cut tail (a deferring policy trains it
+    with a later step) a step's last trajectories may finish after the step ends: its
+    after-rollout part is then 0."""
     t = record.trajectories
     steps = record.steps.sort_values("version")
-    ends = dict(zip(steps["version"].astype(int) - 1, steps["time"].astype(float), strict=True))
-    rolled = t[t["status"].astype(str).isin(_ROLLED) & (t["dispatches"] > 0)
-               & t["finish_time"].notna() & (t["finish_time"] >= 0)]
-    rows = []
-    prev_end = 0.0
-    for s in sorted(ends):
-        end = ends[s]
-        g = rolled[rolled["step"] == s]
-        if g.empty:
-            prev_end = end
-            continue
-        start = float(g["dispatch_time"].min())
-        last_i = g["finish_time"].idxmax()
-        last = float(g["finish_time"][last_i])
-        longest = max(float(solo_s.get(str(x), 0.0)) for x in g["trajectory"])
-        span = last - start
-        longest = min(longest, span)  # (float rounding: solo is a lower bound on the span)
-        rows.append({
-            "step": s,
-            "start_delay_s": max(0.0, start - prev_end),
-            "longest_solo_s": longest,
-            "tail_slowdown_s": span - longest,
-            "after_rollout_s": max(0.0, end - last),
-            "period_s": end - prev_end,
-            "start": start,
-            "last_finish": last,
-            "end": end,
-            "last_trajectory": str(g["trajectory"][last_i]),
-        })
-        prev_end = end
-    return pd.DataFrame(rows, columns=list(CRITICAL_COLUMNS))
+    ends = pd.Series(steps["time"].astype(float).to_numpy(), index=steps["version"].astype(int).to_numpy() - 1)
+    ran = t[t["status"].astype(str).isin(_ROLLED) & (t["dispatches"] > 0)
+            & t["finish_time"].notna() & (t["finish_time"] >= 0) & t["step"].isin(ends.index)]
+    ids = ran["trajectory"].astype(str)
+    if solo_s is not None:
+        solo = ids.map(lambda x: float(solo_s.get(x, 0.0)))
+    elif "solo_seconds" in ran.columns:
+        solo = ran["solo_seconds"].astype(float)
+    else:
+        solo = pd.Series(math.nan, index=ran.index)
+    frame = pd.DataFrame({"step": ran["step"].astype(int), "start": ran["dispatch_time"].astype(float),
+                          "finish": ran["finish_time"].astype(float), "solo": solo, "id": ids})
+    if frame.empty:
+        return pd.DataFrame(columns=list(CRITICAL_COLUMNS))
+    by = frame.groupby("step", sort=True)
+    per = by.agg(start=("start", "min"), last_finish=("finish", "max"), longest=("solo", "max"))
+    per.loc[by["solo"].apply(lambda x: bool(x.isna().any())), "longest"] = math.nan
+    per["last_trajectory"] = frame.loc[by["finish"].idxmax(), "id"].to_numpy()
+    prev = ends.shift(1, fill_value=0.0)
+    per["end"] = ends.reindex(per.index)
+    per["prev_end"] = prev.reindex(per.index)
+    span = per["last_finish"] - per["start"]
+    longest = per["longest"].where(per["longest"].isna(), per["longest"].clip(upper=span))
+    out = pd.DataFrame({
+        "step": per.index.astype(int),
+        "start_delay_s": (per["start"] - per["prev_end"]).clip(lower=0.0),
+        "rollout_s": span,
+        # (clipped: float rounding; solo is a lower bound on the span. NaN stays NaN)
+        "longest_solo_s": longest,
+        "tail_slowdown_s": span - longest,
+        "after_rollout_s": (per["end"] - per["last_finish"]).clip(lower=0.0),
+        "period_s": per["end"] - per["prev_end"],
+        "start": per["start"],
+        "last_finish": per["last_finish"],
+        "end": per["end"],
+        "last_trajectory": per["last_trajectory"],
+    })
+    return out.reset_index(drop=True)[list(CRITICAL_COLUMNS)]
 
 
 def critical_totals(per_step: pd.DataFrame) -> dict[str, float]:
-    """The four parts summed over the steps, and the periods' sum (the run's length, from
-    the first step's start, when the run is on-policy)."""
-    cols = ("start_delay_s", "longest_solo_s", "tail_slowdown_s", "after_rollout_s", "period_s")
-    return {c: float(per_step[c].sum()) if len(per_step) else 0.0 for c in cols}
+    """The parts summed over the steps (NaN if any step's is), and the periods' sum (the
+    last step's end: the run's length when it trained every step)."""
+    cols = ("start_delay_s", "rollout_s", "longest_solo_s", "tail_slowdown_s", "after_rollout_s", "period_s")
+    return {c: float(per_step[c].sum(skipna=False)) if len(per_step) else 0.0 for c in cols}
+
+
+def summary_columns(record: RunRecord) -> dict[str, float]:
+    """``summary.csv``'s columns of this view (:data:`TOTAL_COLUMNS`): the parts summed
+    over the steps."""
+    tot = critical_totals(critical_path(record))
+    return {col: tot[part] for part, col in TOTAL_COLUMNS.items()}

@@ -47,6 +47,14 @@ Definitions (the report and summary.csv use exactly these):
   ``max_num_seqs``, repeated prefill, faults; 0 when the bound is the critical path). The
   five sum to ``gap_seconds``. The GPU-time lost per cause without the attribution is
   ``state_seconds`` (the report's breakdown). NaN without a bound.
+* **what holds the steps back** (:mod:`.critical`; seconds summed over the steps, each
+  step from the previous one's end to its own): ``steps_start_delay_s`` (to the step's
+  first dispatch), ``steps_longest_solo_s`` (each step's longest trajectory alone on an
+  engine: what no schedule avoids), ``steps_tail_slowdown_s`` (the rest of each rollout's
+  span: its last trajectories slower than alone), ``steps_after_rollout_s`` (from each
+  step's last finish to its optimizer step's end). On-policy they sum to the run; with
+  staleness steps overlap and they sum to more. The solo parts are NaN for a live run (its
+  record has no cost model's solo times).
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ import pandas as pd
 from rlsched.cluster.ids import GpuState, TrajStatus
 from rlsched.cluster.record import RunRecord
 
+from .critical import summary_columns as critical_columns
 from .intervals import STATE_INDEX, seconds_by_state, spans
 from .load import check_record, event_counts
 
@@ -79,6 +88,7 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "faults", "retried_trajectories", "fault_wasted_tokens", "fault_gpu_seconds_lost",
     "failed_gpu_seconds", "fault_tool_seconds_lost",
     "gap_seconds", "gap_tail_s", "gap_trainer_wait_s", "gap_switch_s", "gap_sync_s", "gap_other_s",
+    "steps_start_delay_s", "steps_longest_solo_s", "steps_tail_slowdown_s", "steps_after_rollout_s",
 )
 # the causes of the gap to the bound (see the module doc), by GpuState
 GAP_CAUSES: dict[str, tuple[str, ...]] = {
@@ -195,6 +205,7 @@ def summarize(record: RunRecord, streamed: IntervalSummary | None = None) -> dic
         "num_gpus": gpus,
         **fault_columns(meta),
         **gap_columns(secs, gpus, span, lb),
+        **critical_columns(record),
     }
     return row
 

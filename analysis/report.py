@@ -5,7 +5,8 @@ mailed or opened offline. A tiny inline script marks the page (``data-images-ok`
 ``<html>``) once every image has decoded, which is how the tests check the page in a
 headless browser. Next to it: ``summary.csv`` (same columns and rows ``rlsched compare``
 writes), ``breakdown.csv``, ``bubbles.csv``, ``staleness.csv``, ``waste.csv``,
-``length_bias.csv``, ``step_times.csv`` -- and ``learning.csv`` when a run recorded
+``length_bias.csv``, ``step_times.csv``, ``critical_path.csv`` (each step along its critical
+path, :mod:`.critical`) -- and ``learning.csv`` when a run recorded
 learning figures (a live run: reward, loss, KL to the starting policy, token staleness,
 clipping per step; :mod:`.learning`), which is also when the page has a Learning section.
 """
@@ -27,6 +28,7 @@ from rlsched.cluster.record import RunRecord, read_run
 
 from . import plots
 from .breakdown import breakdown, bubbles, sandbox_windows
+from .critical import critical_path
 from .learning import learning_table
 from .load import load_run
 from .metrics import (
@@ -67,6 +69,7 @@ class Tables:
     step_times: pd.DataFrame
     runs: tuple[RunInfo, ...] = ()
     learning: pd.DataFrame | None = None  # per-step learning figures of the runs that have them
+    critical: pd.DataFrame | None = None  # each step along its critical path (.critical), per run
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -98,6 +101,9 @@ def run_tables(rec: RunRecord, name: str, run_dir: str, streamed: IntervalSummar
         df["policy"] = name
         out[key] = df
     out["bubbles"] = {**bubbles(rec, streamed), "policy": name}
+    crit = critical_path(rec)
+    crit.insert(0, "policy", name)
+    out["critical"] = crit
     out["waste"] = {**waste_table(rec), "policy": name}
     learning = learning_table(rec)
     if not learning.empty:
@@ -117,7 +123,7 @@ def _assemble(parts: Sequence[dict[str, Any]], runs: Sequence[RunInfo]) -> Table
     return Tables(
         summary, cat("breakdown"), pd.DataFrame([p["bubbles"] for p in parts]), cat("staleness"),
         pd.DataFrame([p["waste"] for p in parts]), cat("length_bias"), cat("step_times"), tuple(runs),
-        pd.concat(learning, ignore_index=True) if learning else None,
+        pd.concat(learning, ignore_index=True) if learning else None, cat("critical"),
     )
 
 
@@ -292,6 +298,25 @@ def _config_section(runs: Sequence[RunInfo]) -> str:
     return "\n".join(parts)
 
 
+def _critical_section(summary: pd.DataFrame, per_step: pd.DataFrame | None) -> str:
+    """What holds each step back (:mod:`.critical`): the summary's sums per run, and every
+    step's row behind a fold."""
+    cols = ["policy", "steps", "sim_seconds", "steps_start_delay_s", "steps_longest_solo_s",
+            "steps_tail_slowdown_s", "steps_after_rollout_s"]
+    out = ["<h3>What holds each step back</h3><p class='note'>Each step, from the previous one's end "
+           "to its own: the <b>start delay</b> to its first dispatch (role switches, weight syncs), its "
+           "<b>longest solo</b> (its longest trajectory alone on an engine: no schedule avoids it), the "
+           "<b>tail slowdown</b> (the rest of its rollout: the last trajectories slower than alone, "
+           "sharing an engine's decode) and what is left <b>after the rollout</b> (training, the "
+           "optimizer step). Seconds summed over the steps; on-policy they sum to the run, with "
+           "staleness the steps overlap. The solo parts need the simulator's cost model (a live run "
+           "shows –).</p>", fmt_table(summary[cols], digits=4)]
+    if per_step is not None and len(per_step):
+        out.append("<details><summary>Every step (table; <code>critical_path.csv</code>)</summary>"
+                   + fmt_table(per_step, digits=4) + "</details>")
+    return "".join(out)
+
+
 def _learning_section(learning: pd.DataFrame) -> str:
     """Reward, loss, KL, staleness and clipping vs step, for the runs that recorded them."""
     parts = ["<h2>Learning</h2>",
@@ -349,6 +374,7 @@ def render_html(t: Tables, run_figures: dict[str, str], title: str) -> str:
                 + fmt_table(pivot.reset_index(), digits=3, percent=list(t.names)) + "</details>")
     body.append("<h2>Steps</h2>")
     body.append(_img(png_bytes(plots.plot_step_times(t.step_times).figure), "time per optimizer step"))
+    body.append(_critical_section(s, t.critical))
     if t.learning is not None:
         body.append(_learning_section(t.learning))
     body.append("<h2>Per-run timelines</h2>")
@@ -399,6 +425,8 @@ def write_collected(t: Tables, figures: dict[str, str], out_dir: Path, *, title:
     }
     if t.learning is not None:
         csvs["learning.csv"] = t.learning
+    if t.critical is not None:
+        csvs["critical_path.csv"] = t.critical
     path = out_dir / "report.html"
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -27,34 +27,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 from bench_elastic import bench_inputs, bench_policy, trace_file_step
 
 from rlsched.analysis.critical import critical_path, critical_totals
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import RlschedError
 from rlsched.cluster.record import read_run
-from rlsched.sim.bound import turn_solo_seconds
 from rlsched.sim.presets import default_cost
 from rlsched.sim.run import simulate
 from rlsched.traces import generate_trace, sample_trace_path, write_trace
 
 TP = 4  # the elastic bench's engines
-
-
-def solo_by_run(trace: str, steps: int, tasks: int, kept: dict[str, int]) -> dict[str, float]:
-    """Each run id's solo seconds over the turns it kept (``kept``: run id -> turns)."""
-    w, batches, _ = bench_inputs(trace, steps, tasks)
-    _, solo = turn_solo_seconds(w, default_cost(), TP)
-    cs = np.concatenate([[0.0], np.cumsum(solo)])
-    out = {}
-    for batch in batches:
-        for rid, tid in batch:
-            i = w.index[tid]
-            b = int(w.start[i])
-            n = min(int(kept.get(rid, w.turns[i])), int(w.turns[i]))
-            out[rid] = float(cs[b + n] - cs[b])
-    return out
 
 
 def run(trace: str, spec: str, gpus: int, steps: int, tasks: int, per_step: bool) -> None:
@@ -63,9 +46,7 @@ def run(trace: str, spec: str, gpus: int, steps: int, tasks: int, per_step: bool
         out = simulate(w, b, bench_policy(spec, turns), RunConfig(gpus=gpus, tp=TP, steps=steps),
                        default_cost(), out_dir=Path(d) / "run")
         record = read_run(Path(d) / "run")
-    t = record.trajectories
-    kept = dict(zip(t["trajectory"].astype(str), t["turns_done"].astype(int), strict=True))
-    table = critical_path(record, solo_by_run(trace, steps, tasks, kept))
+    table = critical_path(record)  # (the solo times: the record's solo_seconds column)
     tot = critical_totals(table)
     makespan, bound = out.result.makespan, out.lower_bound_seconds
     over = tot["period_s"] - tot["longest_solo_s"]  # the steps' time beyond their longest solo

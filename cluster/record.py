@@ -96,6 +96,9 @@ TRAJECTORY_COLUMNS = {
     "wasted_tokens": "int: generated tokens thrown away (restarts, drops)",
     "dispatches": "int: times dispatched (1 + resumes/retries)",
     "migrations": "int: times its context moved to another engine",
+    "solo_seconds": "float: its kept turns alone on an engine under the run's cost model (batch "
+                    "1, prefix cache hit, tools never queued; the bound's critical path of a trajectory): a "
+                    "lower bound on finish_time - dispatch_time (simulator; NaN or absent from a live run)",
 }
 STEP_COLUMNS = {
     "version": "int: version after this optimizer step (1..num_steps)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from rlsched.cluster.loop.trainer_queue import STEP_COLUMNS
 from rlsched.cluster.policy import Policy
 from rlsched.cluster.record import RunRecorder
 
-from .bound import bound_terms
+from .bound import bound_terms, turn_solo_seconds
 from .cost import CostModel
 from .driver import Progress, SimDriver, SimResult
 from .invariants import check_result
@@ -93,7 +94,7 @@ def simulate(
         check_result(result, driver)
     if recorder is not None:
         recorder.close(
-            trajectory_table(result, workload),
+            trajectory_table(result, workload, solo_seconds(workload, cost, config.tp, result)),
             pd.DataFrame(result.steps, columns=list(STEP_COLUMNS)),
             RunMeta(
                 driver="sim",
@@ -126,7 +127,30 @@ def _config_dict(config: RunConfig) -> dict[str, Any]:
     return out
 
 
-def trajectory_table(result: SimResult, workload: Workload) -> pd.DataFrame:
+def solo_seconds(workload: Workload, cost: CostModel, tp: int, result: SimResult) -> dict[str, float]:
+    """Each trajectory's solo seconds over the turns it kept (the bound's critical path of
+    a trajectory, :func:`~rlsched.sim.bound.turn_solo_seconds`): a lower bound on its
+    rollout from first dispatch to finish, so what a run took beyond it is the tail's
+    slowdown (:mod:`rlsched.analysis.critical`). One that did not end on its own (cut,
+    timed out, stopped) does not wait for its last kept turn's tool call, as in the bound."""
+    _, solo = turn_solo_seconds(workload, cost, tp)
+    cs = np.concatenate([[0.0], np.cumsum(solo)])
+    out = {}
+    for tid, ts in result.state.trajs.items():
+        t = result.trajs[tid]
+        b, n = int(t.first), int(workload.turns[t.widx])
+        k = min(ts.turns_done, n)
+        secs = float(cs[b + k] - cs[b])
+        if k and (k < n or ts.finish_status is not TrajStatus.DONE):
+            secs -= float(workload.env[b + k - 1])
+        out[tid] = secs
+    return out
+
+
+def trajectory_table(result: SimResult, workload: Workload, solo: dict[str, float] | None = None) -> pd.DataFrame:
+    """The record's trajectories table (``cluster.record.TRAJECTORY_COLUMNS``); ``solo``:
+    :func:`solo_seconds` (NaN where missing)."""
+    solo = solo or {}
     st = result.state
     rows = []
     for tid, ts in st.trajs.items():
@@ -138,14 +162,14 @@ def trajectory_table(result: SimResult, workload: Workload) -> pd.DataFrame:
             ts.dispatch_time, ts.finish_time, ts.trained_version, ts.min_version, ts.max_version,
             t.n_turns, ts.turns_done, t.prompt_kept, t.output_kept,
             (t.ctx if t.charged < 0 else t.charged) if trained else 0, t.wasted,
-            ts.dispatches, ts.migrations,
+            ts.dispatches, ts.migrations, solo.get(tid, math.nan),
         ))
     cols = ["trajectory", "task_id", "step", "status", "finish_status", "dispatch_time",
             "finish_time", "trained_version", "min_version", "max_version", "turns_total",
             "turns_done", "prompt_tokens", "output_tokens", "trained_tokens", "wasted_tokens",
-            "dispatches", "migrations"]
+            "dispatches", "migrations", "solo_seconds"]
     df = pd.DataFrame(rows, columns=cols)
-    for c in ("dispatch_time", "finish_time"):
+    for c in ("dispatch_time", "finish_time", "solo_seconds"):
         df[c] = df[c].astype(np.float64)
     return df
 

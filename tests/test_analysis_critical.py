@@ -1,15 +1,20 @@
 """The critical-path view of a run (rlsched.analysis.critical) on records the simulator wrote:
 by hand on the hand-costed timeline, and its invariants on a long-tailed run."""
 
+import dataclasses
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from rlsched.analysis.critical import CRITICAL_COLUMNS, critical_path, critical_totals
 from rlsched.analysis.load import load_run
+from rlsched.analysis.metrics import summarize
+from rlsched.analysis.report import write_report
 from rlsched.cluster.config import RunConfig
 from rlsched.policies import make_policy
 from rlsched.sim.bound import turn_solo_seconds
@@ -58,11 +63,44 @@ def test_each_step_waits_for_the_switches_by_hand(tmp_path):
     assert table["period_s"].tolist() == pytest.approx([5.0, 4.0], **APPROX)
 
 
-def test_a_trajectory_without_a_solo_time_leaves_the_span_to_the_slowdown(tmp_path):
+def test_the_record_carries_each_trajectorys_solo_seconds(tmp_path):
     run(ABC, [["A", "B", "C"]], "colocated", out_dir=tmp_path / "r")
-    (row,) = critical_path(load_run(tmp_path / "r"), {}).to_dict("records")
+    rec = load_run(tmp_path / "r")
+    t = rec.trajectories.set_index("trajectory")
+    assert t.loc[["A", "B", "C"], "solo_seconds"].tolist() == pytest.approx([3.0, 4.0, 2.0], abs=1e-6)
+    # the view reads them from the record by default
+    (row,) = critical_path(rec).to_dict("records")
+    assert (row["longest_solo_s"], row["tail_slowdown_s"]) == pytest.approx((4.0, 0.0), abs=1e-6)
+
+
+def test_without_solo_times_the_rollout_is_given_whole(tmp_path):
+    run(ABC, [["A", "B", "C"]], "colocated", out_dir=tmp_path / "r")
+    rec = load_run(tmp_path / "r")
+    (row,) = critical_path(rec, {}).to_dict("records")  # none known: 0 s each
     assert row["longest_solo_s"] == 0.0
     assert row["tail_slowdown_s"] == pytest.approx(4.0, **APPROX)
+    # a record without the column (a live run's): the solo parts are unknown, not 0
+    rec = dataclasses.replace(rec, trajectories=rec.trajectories.drop(columns="solo_seconds"))
+    (row,) = critical_path(rec).to_dict("records")
+    assert row["rollout_s"] == pytest.approx(4.0, **APPROX)
+    assert math.isnan(row["longest_solo_s"]) and math.isnan(row["tail_slowdown_s"])
+    cols = summarize(rec)
+    assert cols["steps_start_delay_s"] == pytest.approx(1.0, **APPROX)
+    assert math.isnan(cols["steps_longest_solo_s"]) and math.isnan(cols["steps_tail_slowdown_s"])
+
+
+def test_the_report_and_summary_show_it(tmp_path):
+    run(ABC, [["A"], ["C"]], "colocated", out_dir=tmp_path / "r")
+    row = summarize(load_run(tmp_path / "r"))
+    # two steps: switches 1 + 1 s, solos 3 + 2 s, nothing slower, 1 + 1 s after
+    assert [row[c] for c in ("steps_start_delay_s", "steps_longest_solo_s", "steps_tail_slowdown_s",
+                             "steps_after_rollout_s")] == pytest.approx([2.0, 5.0, 0.0, 2.0], abs=1e-6)
+    assert sum(row[c] for c in ("steps_start_delay_s", "steps_longest_solo_s", "steps_tail_slowdown_s",
+                                "steps_after_rollout_s")) == pytest.approx(row["sim_seconds"], **APPROX)
+    page = write_report([tmp_path / "r"], tmp_path / "rep")
+    assert "What holds each step back" in page.read_text()
+    csv = pd.read_csv(tmp_path / "rep" / "critical_path.csv")
+    assert csv["step"].tolist() == [0, 1] and set(csv["policy"]) == {"colocated"}
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +116,16 @@ def test_parts_and_solo_bound_on_a_long_tailed_run(tmp_path, longtail, spec):
     out = simulate(w, batches, make_policy(spec), RunConfig(gpus=16, tp=4, steps=3), default_cost(),
                    out_dir=tmp_path / "r")
     rec = load_run(tmp_path / "r")
-    by_run = {rid: solo[tid] for b in batches for rid, tid in b}
-    table = critical_path(rec, by_run)
+    table = critical_path(rec)
     assert table["step"].tolist() == [0, 1, 2]
-    # solo is a lower bound on every trajectory's rollout: no span is shorter than its longest
+    # the record's solo times: the bound's, over the whole trajectories (none was cut here)
     t = rec.trajectories
+    by_run = {rid: solo[tid] for b in batches for rid, tid in b}
+    done = (t["finish_status"] == "done").to_numpy()
+    assert t["solo_seconds"].to_numpy()[done] == pytest.approx(np.array([by_run[r] for r in t["trajectory"]])[done])
+    # solo is a lower bound on every trajectory's rollout: no span is shorter
     spans = t["finish_time"] - t["dispatch_time"]
-    assert (spans.to_numpy() >= np.array([by_run[r] for r in t["trajectory"]]) - 1e-6).all()
+    assert (spans.to_numpy() >= t["solo_seconds"].to_numpy() - 1e-6).all()
     assert (table["tail_slowdown_s"] >= 0).all() and (table["after_rollout_s"] >= 0).all()
     parts = table[["start_delay_s", "longest_solo_s", "tail_slowdown_s", "after_rollout_s"]].sum(axis=1)
     tot = critical_totals(table)
