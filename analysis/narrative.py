@@ -30,6 +30,23 @@ def _join(items: list[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
+def held_back(row: dict[str, Any]) -> str:
+    """What held its steps back (:mod:`.critical`), when the solo times are known: of the
+    time its steps took beyond their longest trajectories alone, the shares of the start
+    delays, the tail's slowdown and what came after the rollouts."""
+    parts = {"the tail running slower than alone": row.get("steps_tail_slowdown_s", math.nan),
+             "training after the rollout": row.get("steps_after_rollout_s", math.nan),
+             "waiting to start": row.get("steps_start_delay_s", math.nan)}
+    vals = [float(v) if isinstance(v, int | float) else math.nan for v in parts.values()]
+    over = sum(vals)
+    if not (math.isfinite(over) and over > 0):
+        return ""
+    shares = sorted(zip(vals, parts, strict=True), reverse=True)
+    overlap = " (its steps overlap: they add up to more than the run)" if row.get("max_staleness", 0) else ""
+    return (f"; its steps took {_duration(over)} beyond their longest trajectories alone{overlap}: "
+            + _join([f"{_pct(v / over)} {k}" for v, k in shares if v / over >= 0.005]))
+
+
 def describe(name: str, row: dict[str, Any], breakdown: pd.DataFrame) -> str:
     """HTML (escaped) sentences for one policy."""
     bd = breakdown.sort_values("fraction", ascending=False)
@@ -46,6 +63,7 @@ def describe(name: str, row: dict[str, Any], breakdown: pd.DataFrame) -> str:
     lb = row.get("lower_bound_seconds", math.nan)
     if isinstance(lb, float) and math.isfinite(lb) and lb > 0:
         text += f", {row['gap_to_bound_pct']:.0f}% above the lower bound of {_duration(lb)}"
+    text += held_back(row)
     text += f". Max staleness {row['max_staleness']}"
     lost = int(row.get("lost_trajectories", 0))
     text += f"; {lost} trajectories lost" + (" (a bug: every trajectory must end trained or dropped)" if lost else "")

@@ -14,6 +14,7 @@ import pytest
 from rlsched.analysis.critical import CRITICAL_COLUMNS, critical_path, critical_totals
 from rlsched.analysis.load import load_run
 from rlsched.analysis.metrics import summarize
+from rlsched.analysis.narrative import held_back
 from rlsched.analysis.report import write_report
 from rlsched.cluster.config import RunConfig
 from rlsched.policies import make_policy
@@ -163,3 +164,12 @@ def test_the_script_refuses_bad_input_in_one_line(args, says):
     r = subprocess.run([sys.executable, str(CRITICAL), *args], capture_output=True, text=True, timeout=600)
     assert r.returncode != 0
     assert says in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_story_names_what_held_the_steps_back():
+    row = {"steps_tail_slowdown_s": 300.0, "steps_after_rollout_s": 60.0, "steps_start_delay_s": 40.0,
+           "max_staleness": 0}
+    assert held_back(row) == ("; its steps took 6.67 min beyond their longest trajectories alone: 75% the "
+                               "tail running slower than alone, 15% training after the rollout and 10% waiting to start")
+    assert "overlap" in held_back({**row, "max_staleness": 1})
+    assert held_back({**row, "steps_tail_slowdown_s": math.nan}) == ""  # a live run: no solo times
