@@ -84,6 +84,10 @@ ABLATION = ([f"elastic:{a}{',staleness=1' if k else ''}" for k in (0, 1)
 CAUSES = (*GAP_CAUSES, "gap_other_s")
 CAUSE_NAMES = {"gap_tail_s": "tail", "gap_trainer_wait_s": "trainer waiting", "gap_switch_s": "switching",
                "gap_sync_s": "sync", "gap_other_s": "other"}
+# what holds each step back (rlsched.analysis.critical; summary.csv's sums over the steps)
+HELD = ("steps_longest_solo_s", "steps_start_delay_s", "steps_tail_slowdown_s", "steps_after_rollout_s")
+HELD_NAMES = {"steps_longest_solo_s": "longest solo", "steps_start_delay_s": "start delay",
+              "steps_tail_slowdown_s": "tail slowdown", "steps_after_rollout_s": "after rollout"}
 _CACHE: dict[tuple, tuple] = {}
 
 
@@ -123,7 +127,7 @@ def run_one(job: tuple[str, str, int, int, int, bool]) -> dict:
             "bound": out.lower_bound_seconds, "tokens": sum(s["trained_tokens"] for s in r.steps),
             "stale": stale, "wall": time.perf_counter() - t0,
             "binds": max(out.bound_terms, key=out.bound_terms.__getitem__),
-            **{c: row[c] for c in ("gap_seconds", *CAUSES)}}
+            **{c: row[c] for c in ("gap_seconds", *CAUSES, *HELD)}}
 
 
 def trace_file_step(path: str, gpus: int) -> tuple[int, int, str]:
@@ -207,6 +211,8 @@ def study(pool: ProcessPoolExecutor, trace: str, label: str, gpus: int, steps: i
             "oracle1_vs_best": best[1]["seconds"] / rows["oracle:staleness=1"]["seconds"],
             "k1_gap_by_cause": {c: el1[c] for c in CAUSES}, "k1_gap_s": el1["gap_seconds"],
             "k0_gap_by_cause": {c: el0[c] for c in CAUSES}, "k0_gap_s": el0["gap_seconds"],
+            "held": {k: {c: r[c] for c in HELD} for k, r in ((0, el0), (1, el1))},
+            "col_held": {c: col[c] for c in HELD},
             "wall": sum(r["wall"] for r in rows.values())}
 
 
@@ -276,6 +282,17 @@ def main() -> None:
             g, by = s[f"k{k}_gap_s"], s[f"k{k}_gap_by_cause"]
             cells = " | ".join(f"{by[c]:.0f} ({100 * by[c] / g:.0f}%)" if g > 0 else f"{by[c]:.0f}" for c in CAUSES)
             print(f"| {s['label']} | {s['gpus']} | {k} | {g:.0f} | {cells} |")
+    print("\n### What holds each step back (seconds summed over the steps; share of the time beyond "
+          "their longest solo; with staleness the steps overlap)\n")
+    print("| trace | GPUs | policy | " + " | ".join(HELD_NAMES[c] for c in HELD) + " |")
+    print("|---|---:|---|" + "---:|" * len(HELD))
+    for s in summary:
+        for name, held in (("colocated", s["col_held"]), ("elastic", s["held"][0]),
+                           ("elastic:staleness=1", s["held"][1])):
+            over = sum(held[c] for c in HELD[1:])
+            cells = [f"{held[HELD[0]]:.0f}"] + [f"{held[c]:.0f} ({100 * held[c] / over:.0f}%)" if over > 0
+                                                else f"{held[c]:.0f}" for c in HELD[1:]]
+            print(f"| {s['label']} | {s['gpus']} | {name} | " + " | ".join(cells) + " |")
     print(f"\nbench wall time: {time.time() - t0:.0f} s")
 
 
