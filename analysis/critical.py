@@ -5,10 +5,13 @@ GPU-time each state lost. That says where GPU-time went, not what made the run l
 an on-policy run, trainer GPUs that wait for the tail are the largest lost GPU-time, yet
 every step ends when its longest trajectory finishes and the little training left after it
 is done -- giving those GPUs work would not end the step any sooner. This module reads the
-steps the other way, along the time each step takes:
+steps the other way, along each step's link of the run's critical chain: from the moment its
+batch could first roll out -- the end of step ``s-k-1``, which publishes the weights ``s-k``
+that staleness ``k`` lets generate batch ``s`` (the run's start for the first ``k+1``) -- to
+the end of its own optimizer step (the bound's step chain is made of these links):
 
-* **start delay**: from the previous step's end to the step's first dispatch (role switches
-  back to rollout, weight syncs, a policy's wait);
+* **start delay**: to the step's first dispatch (role switches back to rollout, weight
+  syncs, a policy that releases its batch later);
 * **longest solo**: the longest of the step's trajectories alone on an engine (batch 1,
   prefix cache hit, tools never queued: its solo time, a lower bound on its rollout from
   dispatch to finish), the part of the rollout no schedule avoids;
@@ -18,10 +21,11 @@ steps the other way, along the time each step takes:
 * **after rollout**: from the last finish to the step's optimizer step ending (training
   not done while the step rolled out, the optimizer step).
 
-With staleness 0 the four sum to the step's period (end to end). With staleness the next
-steps roll out while a step trains, so a step's rollout can start before the previous
-step's end (start delay 0) and the four overlap from step to step; each still says what
-that step's rollout and training took. The solo times are the record's ``solo_seconds``
+The four sum to the link. With staleness 0 a link is the step's period (the previous
+step's end to its own) and the links sum to the run; with staleness ``k`` a link spans
+``k+1`` steps and the links cover the run about ``k+1`` times (the step's own period is
+``period_s``). The staleness is the record's ``max_staleness_bound`` (the policy's
+declared bound; 0 when absent). The solo times are the record's ``solo_seconds``
 column (the simulator writes it from its cost model); a live run has none, and its rows
 give the rollout's span whole (``rollout_s``) with the solo and slowdown parts NaN.
 """
@@ -38,7 +42,7 @@ from rlsched.cluster.record import RunRecord
 
 CRITICAL_COLUMNS: tuple[str, ...] = (
     "step", "start_delay_s", "rollout_s", "longest_solo_s", "tail_slowdown_s", "after_rollout_s",
-    "period_s", "start", "last_finish", "end", "last_trajectory",
+    "link_s", "period_s", "weights_at", "start", "last_finish", "end", "last_trajectory",
 )
 # the parts summed over the steps, as summary.csv has them (analysis.metrics)
 TOTAL_COLUMNS: dict[str, str] = {
@@ -78,20 +82,25 @@ def critical_path(record: RunRecord, solo_s: Mapping[str, float] | None = None) 
     per = by.agg(start=("start", "min"), last_finish=("finish", "max"), longest=("solo", "max"))
     per.loc[by["solo"].apply(lambda x: bool(x.isna().any())), "longest"] = math.nan
     per["last_trajectory"] = frame.loc[by["finish"].idxmax(), "id"].to_numpy()
-    prev = ends.shift(1, fill_value=0.0)
+    k = record.meta.get("max_staleness_bound", 0)
+    k = k if isinstance(k, int) and not isinstance(k, bool) and k >= 0 else 0
     per["end"] = ends.reindex(per.index)
-    per["prev_end"] = prev.reindex(per.index)
+    per["prev_end"] = ends.shift(1, fill_value=0.0).reindex(per.index)
+    # (an end is known for every version a step reached: the steps table lists each once)
+    per["weights_at"] = [float(ends.get(s - k - 1, 0.0)) for s in per.index]
     span = per["last_finish"] - per["start"]
     longest = per["longest"].where(per["longest"].isna(), per["longest"].clip(upper=span))
     out = pd.DataFrame({
         "step": per.index.astype(int),
-        "start_delay_s": (per["start"] - per["prev_end"]).clip(lower=0.0),
+        "start_delay_s": (per["start"] - per["weights_at"]).clip(lower=0.0),
         "rollout_s": span,
         # (clipped: float rounding; solo is a lower bound on the span. NaN stays NaN)
         "longest_solo_s": longest,
         "tail_slowdown_s": span - longest,
         "after_rollout_s": (per["end"] - per["last_finish"]).clip(lower=0.0),
+        "link_s": per["end"] - per["weights_at"],
         "period_s": per["end"] - per["prev_end"],
+        "weights_at": per["weights_at"],
         "start": per["start"],
         "last_finish": per["last_finish"],
         "end": per["end"],
@@ -101,9 +110,10 @@ def critical_path(record: RunRecord, solo_s: Mapping[str, float] | None = None) 
 
 
 def critical_totals(per_step: pd.DataFrame) -> dict[str, float]:
-    """The parts summed over the steps (NaN if any step's is), and the periods' sum (the
-    last step's end: the run's length when it trained every step)."""
-    cols = ("start_delay_s", "rollout_s", "longest_solo_s", "tail_slowdown_s", "after_rollout_s", "period_s")
+    """The parts and links summed over the steps (NaN if any step's is), and the periods'
+    sum (the last step's end: the run's length when it trained every step)."""
+    cols = ("start_delay_s", "rollout_s", "longest_solo_s", "tail_slowdown_s", "after_rollout_s", "link_s",
+            "period_s")
     return {c: float(per_step[c].sum(skipna=False)) if len(per_step) else 0.0 for c in cols}
 
 

@@ -42,7 +42,8 @@ def held_back(row: dict[str, Any]) -> str:
     if not (math.isfinite(over) and over > 0):
         return ""
     shares = sorted(zip(vals, parts, strict=True), reverse=True)
-    overlap = " (its steps overlap: they add up to more than the run)" if row.get("max_staleness", 0) else ""
+    k = row.get("max_staleness", 0)
+    overlap = f" (with staleness {k} each step's link spans {k + 1} steps)" if k else ""
     return (f"; its steps took {_duration(over)} beyond their longest trajectories alone{overlap}: "
             + _join([f"{_pct(v / over)} {k}" for v, k in shares if v / over >= 0.005]))
 

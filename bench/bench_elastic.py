@@ -283,7 +283,7 @@ def main() -> None:
             cells = " | ".join(f"{by[c]:.0f} ({100 * by[c] / g:.0f}%)" if g > 0 else f"{by[c]:.0f}" for c in CAUSES)
             print(f"| {s['label']} | {s['gpus']} | {k} | {g:.0f} | {cells} |")
     print("\n### What holds each step back (seconds summed over the steps; share of the time beyond "
-          "their longest solo; with staleness the steps overlap)\n")
+          "their longest solo; at staleness k each step's link spans k+1 steps)\n")
     print("| trace | GPUs | policy | " + " | ".join(HELD_NAMES[c] for c in HELD) + " |")
     print("|---|---:|---|" + "---:|" * len(HELD))
     for s in summary:

@@ -131,11 +131,17 @@ def test_parts_and_solo_bound_on_a_long_tailed_run(tmp_path, longtail, spec):
     parts = table[["start_delay_s", "longest_solo_s", "tail_slowdown_s", "after_rollout_s"]].sum(axis=1)
     tot = critical_totals(table)
     assert tot["period_s"] == pytest.approx(out.result.makespan, **APPROX)
-    if make_policy(spec).max_staleness == 0:  # on-policy: the parts are the step, end to end
-        assert parts.tolist() == pytest.approx(table["period_s"].tolist(), **APPROX)
-    else:  # steps overlap: the next batch rolls out before the step before it has trained
-        assert (parts >= table["period_s"] - 1e-6).all()
-        assert (table["start_delay_s"][1:] == 0).all()
+    # the parts are each step's link: from the end of step s-k-1 (its weights) to its own end
+    assert parts.tolist() == pytest.approx(table["link_s"].tolist(), **APPROX)
+    k = make_policy(spec).max_staleness
+    ends = rec.steps.set_index("version")["time"]
+    assert table["weights_at"].tolist() == pytest.approx(
+        [float(ends[s - k]) if s - k >= 1 else 0.0 for s in range(3)], **APPROX)
+    if k == 0:  # on-policy: the link is the step, end to end, and the links are the run
+        assert table["link_s"].tolist() == pytest.approx(table["period_s"].tolist(), **APPROX)
+    else:  # with staleness a link spans k+1 steps: the first k+1 from the run's start
+        assert (table["link_s"] >= table["period_s"] - 1e-6).all()
+        assert table["link_s"][1] == pytest.approx(table["end"][1], **APPROX)
 
 
 CRITICAL = Path(__file__).resolve().parents[1] / "bench" / "critical_path.py"
@@ -171,5 +177,5 @@ def test_the_story_names_what_held_the_steps_back():
            "max_staleness": 0}
     assert held_back(row) == ("; its steps took 6.67 min beyond their longest trajectories alone: 75% the "
                                "tail running slower than alone, 15% training after the rollout and 10% waiting to start")
-    assert "overlap" in held_back({**row, "max_staleness": 1})
+    assert "(with staleness 1 each step's link spans 2 steps)" in held_back({**row, "max_staleness": 1})
     assert held_back({**row, "steps_tail_slowdown_s": math.nan}) == ""  # a live run: no solo times
