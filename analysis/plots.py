@@ -20,6 +20,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from rlsched.cluster.ids import GpuState
+
 from .intervals import Grid, Spans, grid, spans
 from .stream import EXACT_SPANS_MAX
 from .style import (
@@ -196,6 +198,45 @@ def plot_breakdown(breakdowns: pd.DataFrame, summary: pd.DataFrame, *, ax: Axes 
     ax.set_title("Where the GPU-time went, per policy")
     ax.grid(axis="y", visible=False)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return ax
+
+
+# the parts of a step's link beyond its longest solo (summary.csv's steps_* columns): the
+# colours of the GPU states each mostly is (switching, the tail, training)
+HELD_PARTS: tuple[tuple[str, str, str], ...] = (
+    ("steps_start_delay_s", "start delay (switches, syncs)", GpuState.SWITCH.value),
+    ("steps_tail_slowdown_s", "tail slower than alone", GpuState.ROLLOUT_IDLE.value),
+    ("steps_after_rollout_s", "training after the rollout", GpuState.TRAIN.value),
+)
+
+
+@styled
+def plot_held_back(summary: pd.DataFrame, *, ax: Axes | None = None) -> Axes:
+    """One bar per policy: the time its steps took beyond their longest trajectory alone
+    (summed over the steps' links, :mod:`.critical`), split into its parts. A run without
+    solo times (a live run) has no bar."""
+    rows = summary[np.isfinite(summary["steps_tail_slowdown_s"].astype(float))]
+    policies = list(dict.fromkeys(rows["policy"]))
+    ax = new_axes(ax, (11.0, 1.2 + 0.55 * max(1, len(policies)) + 1.2))
+    total = rows[[c for c, _, _ in HELD_PARTS]].astype(float).sum(axis=1)
+    div, unit = time_unit(float(total.max()) if len(total) else 1.0)
+    y = np.arange(len(policies))
+    left = np.zeros(len(policies))
+    by = rows.drop_duplicates("policy").set_index("policy")
+    for col, lab, state in HELD_PARTS:
+        width = by[col].reindex(policies).astype(float).to_numpy() / div
+        ax.barh(y, width, left=left, color=color(state), edgecolor="#333333", linewidth=0.3, height=0.6, label=lab)
+        left += width
+    for yi in y:
+        ax.text(left[yi], yi, f" {left[yi]:.3g} {unit}", va="center", ha="left", fontsize=9)
+    if len(policies) and left.max() > 0:
+        ax.set_xlim(0, left.max() * 1.25)
+    ax.set_yticks(y, policies)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"time beyond each step's longest trajectory alone, summed over the steps ({unit})")
+    ax.set_title("What held the steps back")
+    ax.grid(axis="y", visible=False)
+    _legend(ax)
     return ax
 
 

@@ -313,6 +313,8 @@ def _critical_section(summary: pd.DataFrame, per_step: pd.DataFrame | None) -> s
            "optimizer step). Seconds summed over the steps; on-policy they sum to the run, with "
            "staleness k they cover it about k+1 times. The solo parts need the simulator's cost model (a live run "
            "shows –).</p>", fmt_table(summary[cols], digits=4)]
+    if summary["steps_tail_slowdown_s"].astype(float).notna().any():
+        out.insert(1, _img(png_bytes(plots.plot_held_back(summary).figure), "what held the steps back, per policy"))
     if per_step is not None and len(per_step):
         out.append("<details><summary>Every step (table; <code>critical_path.csv</code>)</summary>"
                    + fmt_table(per_step, digits=4) + "</details>")

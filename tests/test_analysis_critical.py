@@ -15,6 +15,7 @@ from rlsched.analysis.critical import CRITICAL_COLUMNS, critical_path, critical_
 from rlsched.analysis.load import load_run
 from rlsched.analysis.metrics import summarize
 from rlsched.analysis.narrative import held_back
+from rlsched.analysis.plots import plot_held_back
 from rlsched.analysis.report import write_report
 from rlsched.cluster.config import RunConfig
 from rlsched.policies import make_policy
@@ -100,6 +101,7 @@ def test_the_report_and_summary_show_it(tmp_path):
                                 "steps_after_rollout_s")) == pytest.approx(row["sim_seconds"], **APPROX)
     page = write_report([tmp_path / "r"], tmp_path / "rep")
     assert "What holds each step back" in page.read_text()
+    assert 'alt="what held the steps back, per policy"' in page.read_text()
     csv = pd.read_csv(tmp_path / "rep" / "critical_path.csv")
     assert csv["step"].tolist() == [0, 1] and set(csv["policy"]) == {"colocated"}
 
@@ -179,3 +181,12 @@ def test_the_story_names_what_held_the_steps_back():
                                "tail running slower than alone, 15% training after the rollout and 10% waiting to start")
     assert "(with staleness 1 each step's link spans 2 steps)" in held_back({**row, "max_staleness": 1})
     assert held_back({**row, "steps_tail_slowdown_s": math.nan}) == ""  # a live run: no solo times
+
+
+def test_the_plot_leaves_out_runs_without_solo_times():
+    summary = pd.DataFrame({
+        "policy": ["sim", "live"], "steps_start_delay_s": [10.0, 5.0], "steps_tail_slowdown_s": [30.0, math.nan],
+        "steps_after_rollout_s": [20.0, 1.0]})
+    ax = plot_held_back(summary)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["sim"]
+    assert sum(p.get_width() for p in ax.patches) == pytest.approx(60.0)  # the three parts, in s
