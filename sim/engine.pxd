@@ -24,7 +24,7 @@ cdef class EngineSim:
     cdef public KvPool pool
     cdef public object version, cost, es, callbacks, gstate, eid
     cdef public object wake_callbacks
-    cdef public dict members, reservations, env_lru
+    cdef public dict members, reservations, env_lru, prefilling
     cdef public list heap, queue
     cdef public list evicted
 

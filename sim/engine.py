@@ -60,7 +60,7 @@ class EngineSim:
         "_comp_den", "_expert", "_kv_tok", "_mem_den", "_miss", "_overhead", "_params2", "_per_seq",
         "_pre_attn", "_pre_den", "_weights", "callbacks", "closed", "cost", "counted", "ctx_base", "eid", "env_lru", "es",
         "evicted", "first_gpu", "gcode", "gsince", "gstate", "heap", "id", "kv_capacity", "kv_reserved",
-        "members", "owns", "pool", "progress", "queue", "rate", "reservations", "seq_counter",
+        "members", "owns", "pool", "prefilling", "progress", "queue", "rate", "reservations", "seq_counter",
         "stall_end", "sync_end", "target_sum", "timer_at", "tp", "unborn", "updated", "version", "wake_at",
         "wake_callbacks",
     )
@@ -86,6 +86,9 @@ class EngineSim:
         # (target, join seq, key, base), one per member: a member that leaves early takes its
         # entry out (rare), so the hot path never meets a stale entry
         self.heap: list[tuple[float, int, Any, float]] = []
+        # members with nothing to decode whose prompt is still being prefilled: key -> when
+        # that prefill ends (a turn of zero output tokens ends then, not at its join; rare)
+        self.prefilling: dict[Hashable, float] = {}
         self.ctx_base = 0.0  # sum of member bases
         self.kv_reserved = 0
         self.reservations: dict[Hashable, int] = {}
@@ -191,6 +194,8 @@ class EngineSim:
         heappush(self.heap, (target, seq, key, base))
         b = len(members)
         self.rate = 1.0 / self._step(b, self.ctx_base + b * p)
+        if new > 0 and tokens <= 0.0:
+            self.prefilling[key] = self.stall_end
         return self.stall_end if new > 0 else now
 
     def leave(self, now: float, key: Hashable, tokens: int) -> int:
@@ -198,6 +203,8 @@ class EngineSim:
         produce; return how many of them it has produced (whole tokens)."""
         self.advance(now)
         target, base = self.members.pop(key)
+        if self.prefilling:
+            self.prefilling.pop(key, None)
         self.target_sum = self.target_sum - target if self.members else 0.0
         heap = self.heap
         i = next(j for j, entry in enumerate(heap) if entry[2] is key)
@@ -220,12 +227,20 @@ class EngineSim:
         due: list[Any] = []
         heap, members = self.heap, self.members
         progress = self.progress
+        held = None
         while heap:
             target, _, key, base = heap[0]
             # (due within float rounding only: a looser slack ended turns early whenever a
             # wake-up armed before the batch slowed fired, finishing runs below their bound)
             if target > progress + 1e-9 * (1.0 + target):
                 break
+            if self.prefilling and key in self.prefilling:
+                if self.prefilling[key] > now:  # (its prompt's prefill has not ended)
+                    if held is None:
+                        held = []
+                    held.append(heappop(heap))
+                    continue
+                del self.prefilling[key]
             heappop(heap)
             del members[key]
             self.target_sum -= target
@@ -238,6 +253,9 @@ class EngineSim:
                 self.target_sum = 0.0
             else:
                 self.rate = 1.0 / self._step(b, self.ctx_base + b * progress)
+        if held is not None:
+            for entry in held:
+                heappush(heap, entry)
         return due
 
     def rearm(self, now: float) -> None:
@@ -259,6 +277,10 @@ class EngineSim:
         if full < remaining:
             remaining = full
         at = begin + (remaining / self.rate if remaining > 0 else 0.0)
+        if self.prefilling:  # (a member of no output ends when its own prefill does)
+            soonest = min(self.prefilling.values())
+            if now < soonest < at:
+                at = soonest
         if at == begin and remaining > 0:
             # The finish is nearer than the clock resolves at this time (``remaining`` is
             # above pop_due's tolerance, but ``remaining / rate`` is below half an ulp of
