@@ -11,11 +11,16 @@
 * a policy that does not defer trained step s's batch at version s (enforced by
   ``legality.check`` at the command, from the trainer queue's count of optimizer steps
   ahead; re-checked here on the version each trajectory was trained at, faults and
-  re-queued steps included).
+  re-queued steps included);
+* no trajectory ran faster than alone: from its first dispatch to its finish it took at
+  least its solo seconds (``sim.run.solo_seconds``: its kept turns alone on an engine, the
+  bound's critical path of a trajectory) -- a simulator that let one decode, prefill or
+  finish a tool call sooner would break the bound's proof too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from rlsched.cluster.errors import InvariantViolation
@@ -50,7 +55,9 @@ def lost_trajectories(result: SimResult) -> list[str]:
     return [t for t, ts in result.state.trajs.items() if ts.status not in done]
 
 
-def check_result(result: SimResult, driver: SimDriver) -> None:
+def check_result(result: SimResult, driver: SimDriver, solo: Mapping[str, float] | None = None) -> None:
+    """Every invariant above on a finished run; ``solo``: each trajectory's solo seconds
+    (``sim.run.solo_seconds``; without it that one is not checked)."""
     check_roles(driver)
     driver.state.check_totals()
     lost = lost_trajectories(result)
@@ -81,3 +88,10 @@ def check_result(result: SimResult, driver: SimDriver) -> None:
             raise InvariantViolation(
                 f"{tid}: of step {ts.step}, trained at version {ts.trained_version} by a policy that does not defer"
             )
+        if solo is not None and ts.finish_time >= 0 and ts.dispatches > 0:
+            took, floor = ts.finish_time - ts.dispatch_time, solo.get(tid, 0.0)
+            if took < floor - 1e-6 * max(1.0, floor):
+                raise InvariantViolation(
+                    f"{tid}: ran {took:.6f} s from its first dispatch to its finish, faster than its "
+                    f"{ts.turns_done} kept turns alone on an engine ({floor:.6f} s)"
+                )

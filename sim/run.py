@@ -90,11 +90,12 @@ def simulate(
                     if ts.status is TrajStatus.TRAINED},
     )
     bound = float(max(terms.values()))
+    solo = solo_seconds(workload, cost, config.tp, result) if config.check or recorder is not None else None
     if config.check and result.complete:
-        check_result(result, driver)
+        check_result(result, driver, solo)
     if recorder is not None:
         recorder.close(
-            trajectory_table(result, workload, solo_seconds(workload, cost, config.tp, result)),
+            trajectory_table(result, workload, solo),
             pd.DataFrame(result.steps, columns=list(STEP_COLUMNS)),
             RunMeta(
                 driver="sim",
