@@ -36,7 +36,7 @@ INTERVAL_COLUMNS = ("gpu_first", "gpu_count", "start", "end", "state")
 TRAJECTORY_COLUMNS = (
     "trajectory", "step", "status", "trained_version", "min_version", "turns_total",
     "prompt_tokens", "output_tokens", "trained_tokens", "wasted_tokens", "dispatches",
-    "migrations",
+    "migrations", "dispatch_time", "finish_time",
 )
 STEP_COLUMNS = ("version", "time")
 EVENT_COLUMNS = ("time", "kind", "trajectory")

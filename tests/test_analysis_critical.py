@@ -18,6 +18,7 @@ from rlsched.analysis.narrative import held_back
 from rlsched.analysis.plots import plot_held_back
 from rlsched.analysis.report import write_report
 from rlsched.cluster.config import RunConfig
+from rlsched.cluster.errors import RecordError
 from rlsched.policies import make_policy
 from rlsched.sim.bound import turn_solo_seconds
 from rlsched.sim.presets import default_cost
@@ -190,3 +191,11 @@ def test_the_plot_leaves_out_runs_without_solo_times():
     ax = plot_held_back(summary)
     assert [t.get_text() for t in ax.get_yticklabels()] == ["sim"]
     assert sum(p.get_width() for p in ax.patches) == pytest.approx(60.0)  # the three parts, in s
+
+
+def test_a_record_without_its_times_is_refused_in_one_line(tmp_path):
+    run(ABC, [["A", "B", "C"]], "colocated", out_dir=tmp_path / "r")
+    f = tmp_path / "r" / "trajectories.parquet"
+    pd.read_parquet(f).drop(columns="dispatch_time").to_parquet(f)
+    with pytest.raises(RecordError, match=r"trajectories.parquet.*dispatch_time"):
+        summarize(load_run(tmp_path / "r"))
