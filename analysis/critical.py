@@ -33,7 +33,6 @@ give the rollout's span whole (``rollout_s``) with the solo and slowdown parts N
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import pandas as pd
 
@@ -52,11 +51,10 @@ TOTAL_COLUMNS: dict[str, str] = {
 _ROLLED = (TrajStatus.TRAINED.value, TrajStatus.DONE.value, TrajStatus.TIMED_OUT.value)
 
 
-def critical_path(record: RunRecord, solo_s: Mapping[str, float] | None = None) -> pd.DataFrame:
-    """One row per trained step (``CRITICAL_COLUMNS``; seconds). ``solo_s``: each
-    trajectory's solo seconds over the turns it kept, by trajectory id; default: the
-    record's ``solo_seconds`` column (without one, or with a NaN among a step's
-    trajectories, that step's longest solo and tail slowdown are NaN).
+def critical_path(record: RunRecord) -> pd.DataFrame:
+    """One row per trained step (``CRITICAL_COLUMNS``; seconds). The solo times are the
+    record's ``solo_seconds``: without the column, or with a NaN among a step's
+    trajectories, that step's longest solo and tail slowdown are NaN.
 
     A step's rollout is its trajectories that ran to their end (trained, done or timed out;
     dropped and stopped ones are left out). With a cut tail (a deferring policy trains it
@@ -67,20 +65,15 @@ def critical_path(record: RunRecord, solo_s: Mapping[str, float] | None = None) 
     ends = pd.Series(steps["time"].astype(float).to_numpy(), index=steps["version"].astype(int).to_numpy() - 1)
     ran = t[t["status"].astype(str).isin(_ROLLED) & (t["dispatches"] > 0)
             & t["finish_time"].notna() & (t["finish_time"] >= 0) & t["step"].isin(ends.index)]
-    ids = ran["trajectory"].astype(str)
-    if solo_s is not None:
-        solo = ids.map(lambda x: float(solo_s.get(x, 0.0)))
-    elif "solo_seconds" in ran.columns:
-        solo = ran["solo_seconds"].astype(float)
-    else:
-        solo = pd.Series(math.nan, index=ran.index)
+    solo = ran["solo_seconds"].astype(float) if "solo_seconds" in ran.columns else math.nan
     frame = pd.DataFrame({"step": ran["step"].astype(int), "start": ran["dispatch_time"].astype(float),
-                          "finish": ran["finish_time"].astype(float), "solo": solo, "id": ids})
+                          "finish": ran["finish_time"].astype(float), "solo": solo,
+                          "id": ran["trajectory"].astype(str)})
     if frame.empty:
         return pd.DataFrame(columns=list(CRITICAL_COLUMNS))
     by = frame.groupby("step", sort=True)
-    per = by.agg(start=("start", "min"), last_finish=("finish", "max"), longest=("solo", "max"))
-    per.loc[by["solo"].apply(lambda x: bool(x.isna().any())), "longest"] = math.nan
+    per = by.agg(start=("start", "min"), last_finish=("finish", "max"))
+    per["longest"] = by["solo"].max(skipna=False)  # (one unknown solo: the step's is unknown)
     per["last_trajectory"] = frame.loc[by["finish"].idxmax(), "id"].to_numpy()
     k = record.meta.get("max_staleness_bound", 0)
     k = k if isinstance(k, int) and not isinstance(k, bool) and k >= 0 else 0
@@ -117,8 +110,8 @@ def critical_totals(per_step: pd.DataFrame) -> dict[str, float]:
     return {c: float(per_step[c].sum(skipna=False)) if len(per_step) else 0.0 for c in cols}
 
 
-def summary_columns(record: RunRecord) -> dict[str, float]:
+def summary_columns(record: RunRecord, per_step: pd.DataFrame | None = None) -> dict[str, float]:
     """``summary.csv``'s columns of this view (:data:`TOTAL_COLUMNS`): the parts summed
-    over the steps."""
-    tot = critical_totals(critical_path(record))
+    over the steps (``per_step``: :func:`critical_path` of the record, if already made)."""
+    tot = critical_totals(critical_path(record) if per_step is None else per_step)
     return {col: tot[part] for part, col in TOTAL_COLUMNS.items()}

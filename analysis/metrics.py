@@ -165,9 +165,11 @@ def _finite_or_nan(v: Any) -> float:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else math.nan
 
 
-def summarize(record: RunRecord, streamed: IntervalSummary | None = None) -> dict[str, Any]:
+def summarize(record: RunRecord, streamed: IntervalSummary | None = None,
+              critical: pd.DataFrame | None = None) -> dict[str, Any]:
     """One ``summary.csv`` row for the run (columns: :data:`SUMMARY_COLUMNS`); ``streamed``
-    as for :func:`state_seconds`. Every value is a function of the record's contents, so
+    as for :func:`state_seconds`; ``critical``: the record's
+    :func:`~rlsched.analysis.critical.critical_path`, if already made. Every value is a function of the record's contents, so
     replaying the same run gives the same row, byte for byte (host time is not in it)."""
     check_record(record)
     meta = record.meta
@@ -206,7 +208,7 @@ def summarize(record: RunRecord, streamed: IntervalSummary | None = None) -> dic
         "num_gpus": gpus,
         **fault_columns(meta),
         **gap_columns(secs, gpus, span, lb),
-        **critical_columns(record),
+        **critical_columns(record, critical),
     }
     return row
 

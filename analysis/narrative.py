@@ -45,7 +45,7 @@ def held_back(row: dict[str, Any]) -> str:
     k = row.get("max_staleness", 0)
     overlap = f" (with staleness {k} each step's link spans {k + 1} steps)" if k else ""
     return (f"; its steps took {_duration(over)} beyond their longest trajectories alone{overlap}: "
-            + _join([f"{_pct(v / over)} {k}" for v, k in shares if v / over >= 0.005]))
+            + _join([f"{_pct(v / over)} {part}" for v, part in shares if v / over >= 0.005]))
 
 
 def describe(name: str, row: dict[str, Any], breakdown: pd.DataFrame) -> str:

@@ -94,16 +94,15 @@ def _rel(path: Path, base: Path) -> str:
 def run_tables(rec: RunRecord, name: str, run_dir: str, streamed: IntervalSummary | None = None) -> dict[str, Any]:
     """One run's contribution to every table (its rows carry ``policy = name``);
     ``streamed``: its intervals reduced in one pass (else ``rec.intervals`` is used)."""
-    row = {**summarize(rec, streamed), "policy": name, "run_dir": run_dir}
-    out: dict[str, Any] = {"summary": row}
+    crit = critical_path(rec)
+    row = {**summarize(rec, streamed, crit), "policy": name, "run_dir": run_dir}
+    crit.insert(0, "policy", name)
+    out: dict[str, Any] = {"summary": row, "critical": crit}
     for key, df in (("breakdown", breakdown(rec, streamed)), ("staleness", staleness_table(rec)),
                     ("length_bias", length_bias(rec)), ("step_times", step_times(rec))):
         df["policy"] = name
         out[key] = df
     out["bubbles"] = {**bubbles(rec, streamed), "policy": name}
-    crit = critical_path(rec)
-    crit.insert(0, "policy", name)
-    out["critical"] = crit
     out["waste"] = {**waste_table(rec), "policy": name}
     learning = learning_table(rec)
     if not learning.empty:
@@ -312,9 +311,10 @@ def _critical_section(summary: pd.DataFrame, per_step: pd.DataFrame | None) -> s
            "sharing an engine's decode) and what is left <b>after the rollout</b> (training, the "
            "optimizer step). Seconds summed over the steps; on-policy they sum to the run, with "
            "staleness k they cover it about k+1 times. The solo parts need the simulator's cost model (a live run "
-           "shows –).</p>", fmt_table(summary[cols], digits=4)]
+           "shows –).</p>"]
     if summary["steps_tail_slowdown_s"].astype(float).notna().any():
-        out.insert(1, _img(png_bytes(plots.plot_held_back(summary).figure), "what held the steps back, per policy"))
+        out.append(_img(png_bytes(plots.plot_held_back(summary).figure), "what held the steps back, per policy"))
+    out.append(fmt_table(summary[cols], digits=4))
     if per_step is not None and len(per_step):
         out.append("<details><summary>Every step (table; <code>critical_path.csv</code>)</summary>"
                    + fmt_table(per_step, digits=4) + "</details>")
