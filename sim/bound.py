@@ -164,6 +164,20 @@ def turn_solo_seconds(workload: Workload, cost: CostModel, tp: int,
     return prefill, solo
 
 
+def kept_solo_s(cs_solo: np.ndarray, env: np.ndarray, first: int, kept: int, turns: int,
+                ended: bool) -> float:
+    """A trajectory's solo seconds over its first ``kept`` of ``turns`` turns, from
+    ``cs_solo`` (the running sum of :func:`turn_solo_seconds`'s solo, a 0 first) and the
+    turns' tool seconds ``env``; its first turn is row ``first``. One cut short (partial
+    rollout) or that did not end on its own (``ended`` False: cut, timed out, stopped) is
+    trained without waiting for its last kept turn's tool call, also when that was its last
+    turn; a whole one ends with its last tool call."""
+    secs = cs_solo[first + kept] - cs_solo[first]
+    if kept and (kept < turns or not ended):
+        secs -= env[first + kept - 1]
+    return secs
+
+
 def min_reduce_s(cost: CostModel, layout: TrainLayout, usable: int) -> float:
     """The cheapest gradient reduction one micro-batch can cost at any width the trainer
     can have (whole replicas from its floor to ``usable``, inside one NVLink domain or not):
@@ -206,6 +220,7 @@ def bound_terms(
     cut: set[str] | frozenset[str] = frozenset(),
     dropped: set[str] | frozenset[str] = frozenset(),
     trained_at: dict[str, int] | None = None,
+    turn_solo: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, float]:
     """The bound's terms (seconds; the bound is the largest): ``work`` (GPU-seconds over
     the cluster), ``rollout`` (a dropped trajectory's rollout), ``trainer`` (the trainer's
@@ -216,14 +231,15 @@ def bound_terms(
     sequence); ``cut``: run ids that did not end on their own; ``dropped``: run ids never
     trained; ``trained_at``: the version each trained run id was trained at (a
     non-deferring run that trained one off its step -- refused by ``legality.check`` --
-    gets the whole-run bound; the work term charges a reduction per version trained)."""
+    gets the whole-run bound; the work term charges a reduction per version trained);
+    ``turn_solo``: :func:`turn_solo_seconds` of the workload, if the caller has it."""
     tp, gpus = config.tp, config.gpus
     p = workload.prompt.astype(np.float64)
     o = workload.output.astype(np.float64)
     starts = workload.start
     ctx_before = context_before(workload)
     tok = p + o
-    prefill, solo = turn_solo_seconds(workload, cost, tp, ctx_before)
+    prefill, solo = turn_solo if turn_solo is not None else turn_solo_seconds(workload, cost, tp, ctx_before)
 
     def cs(x: np.ndarray) -> np.ndarray:
         return np.concatenate([[0.0], np.cumsum(x)])
@@ -266,12 +282,7 @@ def bound_terms(
             if k <= 0:
                 continue
             e = b + k
-            # a trajectory cut short (partial rollout) is trained without waiting for its
-            # last kept turn's tool call, also when that was its last turn (``cut``: it did
-            # not end on its own); a whole one ends with its last tool call
-            t_solo = cs_solo[e] - cs_solo[b]
-            if k < int(workload.turns[i]) or rid in cut:
-                t_solo -= workload.env[e - 1]
+            t_solo = kept_solo_s(cs_solo, workload.env, b, k, int(workload.turns[i]), rid not in cut)
             # (an interrupt keeping progress leaves a tool call running: a resumed
             # trajectory waits for its result, so tool time stays on its chain)
             out_tokens += cs_out[e] - cs_out[b]

@@ -19,7 +19,7 @@ from rlsched.cluster.loop.trainer_queue import STEP_COLUMNS
 from rlsched.cluster.policy import Policy
 from rlsched.cluster.record import RunRecorder
 
-from .bound import bound_terms, turn_solo_seconds
+from .bound import bound_terms, kept_solo_s, turn_solo_seconds
 from .cost import CostModel
 from .driver import Progress, SimDriver, SimResult
 from .invariants import check_result
@@ -81,6 +81,7 @@ def simulate(
                 n = charged.get(rid, 0)
                 ctx = int((workload.prompt[s : s + k] + workload.output[s : s + k]).sum())
                 best_flops[rid] = cost.train_flops(n, ctx - n) if n else 0.0
+    turn_solo = turn_solo_seconds(workload, cost, config.tp)
     terms = bound_terms(
         workload, batches, cost, config, policy.max_staleness, policy.defers,
         turns_kept=kept, train_flops=best_flops,
@@ -88,9 +89,10 @@ def simulate(
         dropped={t for t, ts in result.state.trajs.items() if ts.status is TrajStatus.DROPPED},
         trained_at={t: ts.trained_version for t, ts in result.state.trajs.items()
                     if ts.status is TrajStatus.TRAINED},
+        turn_solo=turn_solo,
     )
     bound = float(max(terms.values()))
-    solo = solo_seconds(workload, cost, config.tp, result) if config.check or recorder is not None else None
+    solo = solo_seconds(workload, result, turn_solo[1]) if config.check or recorder is not None else None
     if config.check and result.complete:
         check_result(result, driver, solo)
     if recorder is not None:
@@ -128,23 +130,18 @@ def _config_dict(config: RunConfig) -> dict[str, Any]:
     return out
 
 
-def solo_seconds(workload: Workload, cost: CostModel, tp: int, result: SimResult) -> dict[str, float]:
-    """Each trajectory's solo seconds over the turns it kept (the bound's critical path of
-    a trajectory, :func:`~rlsched.sim.bound.turn_solo_seconds`): a lower bound on its
-    rollout from first dispatch to finish, so what a run took beyond it is the tail's
-    slowdown (:mod:`rlsched.analysis.critical`). One that did not end on its own (cut,
-    timed out, stopped) does not wait for its last kept turn's tool call, as in the bound."""
-    _, solo = turn_solo_seconds(workload, cost, tp)
-    cs = np.concatenate([[0.0], np.cumsum(solo)])
+def solo_seconds(workload: Workload, result: SimResult, turn_solo: np.ndarray) -> dict[str, float]:
+    """Each trajectory's solo seconds over the turns it kept (``turn_solo``: each turn's, from
+    :func:`~rlsched.sim.bound.turn_solo_seconds`): the bound's critical path of a
+    trajectory, a lower bound on its rollout from first dispatch to finish, so what a run
+    took beyond it is the tail's slowdown (:mod:`rlsched.analysis.critical`)."""
+    cs = np.concatenate([[0.0], np.cumsum(turn_solo)])
     out = {}
     for tid, ts in result.state.trajs.items():
         t = result.trajs[tid]
-        b, n = int(t.first), int(workload.turns[t.widx])
-        k = min(ts.turns_done, n)
-        secs = float(cs[b + k] - cs[b])
-        if k and (k < n or ts.finish_status is not TrajStatus.DONE):
-            secs -= float(workload.env[b + k - 1])
-        out[tid] = secs
+        n = int(workload.turns[t.widx])
+        out[tid] = float(kept_solo_s(cs, workload.env, int(t.first), min(ts.turns_done, n), n,
+                                     ts.finish_status is TrajStatus.DONE))
     return out
 
 
