@@ -91,7 +91,7 @@ HELD_NAMES = {"steps_longest_solo_s": "longest solo", "steps_start_delay_s": "st
 _CACHE: dict[tuple, tuple] = {}
 
 
-def bench_inputs(trace: str, steps: int, tasks: int):
+def _setup(trace: str, steps: int, tasks: int):
     key = (trace, steps, tasks)
     if key not in _CACHE:
         df = load_trace(trace)
@@ -102,7 +102,7 @@ def bench_inputs(trace: str, steps: int, tasks: int):
     return _CACHE[key]
 
 
-def bench_policy(spec: str, turns: dict[str, int]):
+def _policy(spec: str, turns: dict[str, int]):
     if spec.startswith("oracle"):
         _, raw = parse_spec(spec)
         return Oracle.from_lengths(turns, **resolve_params(Oracle, raw))
@@ -111,8 +111,8 @@ def bench_policy(spec: str, turns: dict[str, int]):
 
 def run_one(job: tuple[str, str, int, int, int, bool]) -> dict:
     trace, spec, gpus, steps, tasks, processor = job
-    w, b, turns = bench_inputs(trace, steps, tasks)
-    policy = bench_policy(spec, turns)
+    w, b, turns = _setup(trace, steps, tasks)
+    policy = _policy(spec, turns)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:  # (the record, for the gap by cause)
         out = simulate(w, b, policy, RunConfig(gpus=gpus, tp=4, steps=steps, processor=processor),

@@ -3,9 +3,6 @@ by hand on the hand-costed timeline, and its invariants on a long-tailed run."""
 
 import dataclasses
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -24,7 +21,7 @@ from rlsched.sim.bound import turn_solo_seconds
 from rlsched.sim.presets import default_cost
 from rlsched.sim.run import simulate
 from rlsched.sim.workload import Workload
-from rlsched.traces import draw_batches, generate_trace, write_trace
+from rlsched.traces import draw_batches, generate_trace
 
 from simkit import ABC, APPROX, HAND_COST, run
 
@@ -142,34 +139,6 @@ def test_parts_and_solo_bound_on_a_long_tailed_run(tmp_path, longtail, spec):
     else:  # with staleness a link spans k+1 steps: the first k+1 from the run's start
         assert (table["link_s"] >= table["period_s"] - 1e-6).all()
         assert table["link_s"][1] == pytest.approx(table["end"][1], **APPROX)
-
-
-CRITICAL = Path(__file__).resolve().parents[1] / "bench" / "critical_path.py"
-
-
-def test_the_script_on_a_trace_file_prints_each_policy_and_step(tmp_path):
-    df = generate_trace("longtail-small", seed=0, tasks=4, samples=2, turns_scale=0.1, branch_frac=0.0)
-    path = write_trace(df, tmp_path / "mine.parquet")
-    out = subprocess.run(
-        [sys.executable, str(CRITICAL), "--gpus", "16", "--traces", "none", "--trace-file", str(path),
-         "--policies", "colocated,async:staleness=1;rollout_fraction=0.5", "--per-step"],
-        capture_output=True, text=True, timeout=600, check=True,
-    ).stdout
-    assert "### mine: 16 GPUs, 12 steps, 4 tasks a step" in out
-    assert "| colocated |" in out and "| async:staleness=1,rollout_fraction=0.5 |" in out
-    assert out.count("| 11 |") == 2  # every step's row, for each policy
-
-
-@pytest.mark.parametrize("args, says", [
-    (["--traces", "none"], "--traces none: give at least one --trace-file"),
-    (["--traces", "nope"], "--traces: unknown trace 'nope'"),
-    (["--gpus", "lots"], "--gpus 'lots': expected whole numbers"),
-    (["--policies", "nope"], "critical_path: nope on longtail-small (shipped):"),
-])
-def test_the_script_refuses_bad_input_in_one_line(args, says):
-    r = subprocess.run([sys.executable, str(CRITICAL), *args], capture_output=True, text=True, timeout=600)
-    assert r.returncode != 0
-    assert says in r.stderr and "Traceback" not in r.stderr
 
 
 def test_the_story_names_what_held_the_steps_back():
