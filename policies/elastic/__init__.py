@@ -10,7 +10,8 @@ part lives:
 * **Take GPUs back when a batch needs them**, when that pays for the switches --
   :mod:`.reclaim`.
 * **Train what has finished, as it finishes**, and let a micro-batch wait for GPUs on
-  their way (``join``) -- :mod:`.training`.
+  their way (``join``) -- :mod:`.training` -- or, if asked, for the end of the instant its
+  trajectory finished in (``settle``) -- :mod:`.policy`.
 * **Reserve a trainer beside the rollout** (``train_share``) and **hold a fixed split when
   moves cannot pay** (``hold``) -- :mod:`.hold`.
 * **Spread the tail that is left** (``steal``) and **isolate the tail** (``isolate``) --

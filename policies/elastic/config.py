@@ -73,3 +73,8 @@ class ElasticConfig:
                        "the trainer when, at the measured training rate and switch time, it would finish "
                        "sooner on the larger trainer after they arrive (a "
                        "micro-batch runs on the GPUs the trainer has when it starts); false: it starts at once")
+    settle: bool = param("bool", False, "a micro-batch that a trajectory's finish would start "
+                         "waits until every event of that instant was seen (a timer at the same time), so "
+                         "trajectories that finish together train together, paying one gradient reduction "
+                         "instead of the first one alone (for traces whose batches finish at once: no "
+                         "length spread; with train_share=0.5 there); false: it starts on the first finish")

@@ -46,6 +46,7 @@ from rlsched.cluster.commands import (
     Interrupt,
     OptimizerStep,
     Reassign,
+    SetTimer,
     SyncWeights,
     TrainMicroBatch,
 )
@@ -53,6 +54,7 @@ from rlsched.cluster.events import (
     Event,
     MicroBatchFinished,
     RolesChanged,
+    TimerFired,
     TrainStepFinished,
     TrajectoryFinished,
     WeightsSynced,
@@ -77,6 +79,7 @@ from .tail import TailSpreader
 from .training import MicroBatch, Training
 
 _LOAD = itemgetter(1)  # (engine, load) -> load
+_SETTLE = "elastic-settle"  # (``settle``'s timer)
 
 
 @register
@@ -123,6 +126,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
         self._tail = TailSpreader(self._predictor)  # (steal, isolate: moves once each)
         self._cuts = CutLedger()  # what each step trains, given the tails cut (``cut``)
         self._hold = 0  # GPUs of the trainer's side of a held fixed split (0: none held)
+        self._settling = False  # (``settle``: a timer at the instant of a finish is pending)
 
     # ------------------------------------------------------------------ events
     def on_event(self, event: Event, view: ClusterView) -> Sequence[Command]:
@@ -149,6 +153,8 @@ class Elastic(FixedSplit, Reclaim, Configured):
                     return []
                 if view.engines():
                     cmds.append(SyncWeights())
+            case TimerFired(tag=tag) if tag == _SETTLE:
+                self._settling = False
             case WeightsSynced():
                 pass
         tr = view.trainer()  # (the view does not change while the policy decides)
@@ -189,6 +195,9 @@ class Elastic(FixedSplit, Reclaim, Configured):
             # (a micro-batch queued while the trainer's GPUs are being handed back would
             # start on whatever GPUs it gets later: wait until it has them)
             step = self._train(view, tr)
+            if self.config.settle and isinstance(step, MicroBatch) and isinstance(event, TrajectoryFinished):
+                step, settle = None, self._settle(view)
+                cmds += settle
         if not placed and not self._queue:  # let new work settle before releasing engines
             released = self._consolidate(view, tr)
             if isinstance(step, MicroBatch) and self._training.withhold(
@@ -200,6 +209,21 @@ class Elastic(FixedSplit, Reclaim, Configured):
         if self.config.isolate and isinstance(event, (TrajectoryFinished, RolesChanged)):
             cmds += self._tail.isolate(view, self._rolling(), self._queue, self._ahead, cmds)
         return cmds
+
+    def _settle(self, view: ClusterView) -> list[Command]:
+        """``settle``: the micro-batch a trajectory's finish would start waits for the end of
+        the instant -- a timer at ``now``, which the driver delivers after the events of this
+        instant already due, so siblings that finish at the same time are all ready when it
+        fires (its decision starts the micro-batch). Events arrive one at a time, and a
+        trainer that is idle when the first of a batch's simultaneous finishes arrives
+        trains it alone: on a trace with no length spread, one gradient reduction more per
+        step, and its timing (mostly that fixed part) overstated the training left ~10x,
+        so moves were sent that could not pay. One timer at a time: a finish while one is
+        pending waits for it."""
+        if self._settling:
+            return []
+        self._settling = True
+        return [SetTimer(view.now, _SETTLE)]
 
     def _rolling(self) -> range:
         """The steps in flight, whose trajectories may still be placed, moved or trained: the
