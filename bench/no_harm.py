@@ -18,7 +18,7 @@ summary: cases over the tolerance, the worst gap and the mean ratio per stalenes
 
     python bench/no_harm.py --preset uniform --cases 40 --seed 1
     python bench/no_harm.py --preset uniform --cases 30 --seed 2 --cost flat
-    python bench/no_harm.py --preset uniform --cases 40 --seed 1 --k1 elastic:staleness=1,train_share=0.5
+    python bench/no_harm.py --preset uniform --cases 40 --seed 1 --k1 elastic:staleness=1,train_share=0.5,settle=true
 """
 
 from __future__ import annotations
