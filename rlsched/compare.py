@@ -19,6 +19,7 @@ one, its record marked ``complete: false``, are published with their ``summary.c
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tempfile
@@ -58,13 +59,37 @@ def run_dir_name(spec: str, index: int) -> str:
     return f"{index:02d}-{safe}"[:120]
 
 
-def prepare_out_dir(out: Path, force: bool) -> Path:
-    """Validate the destination and return a fresh temporary sibling to write into."""
+def check_out_dir(out: Path, force: bool, inputs: Sequence[Path | str] = ()) -> None:
+    """Refuse an ``--out`` that ``--force`` could not replace safely: a symbolic link (replacing
+    it would remove the link, or the folder it points to, and neither is what was asked), the
+    current directory or one holding it (``--out . --force`` removed everything in the folder
+    the user stood in, then failed), or one that holds an input of this command (the trace
+    or run being read would be deleted with it)."""
+    if out.is_symlink():
+        raise ConfigError(f"--out {out}: is a symbolic link (to {os.readlink(out)}); "
+                          "give the directory itself or a new folder")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a directory")
+    if not (force and out.is_dir() and any(out.iterdir())):
+        return
+    real = Path(os.path.realpath(out))
+    here = Path(os.path.realpath(Path.cwd()))
+    if real == here or real in here.parents:
+        raise ConfigError(f"--out {out}: is the current directory or holds it, which --force would "
+                          "delete with everything in it; give a new or dedicated folder")
+    for given in inputs:
+        path = Path(os.path.realpath(given))
+        if path == real or real in path.parents:
+            raise ConfigError(f"--out {out}: holds the input {given}, which --force would delete; "
+                              "give another folder")
+
+
+def prepare_out_dir(out: Path, force: bool, inputs: Sequence[Path | str] = ()) -> Path:
+    """Validate the destination and return a fresh temporary sibling to write into."""
+    check_out_dir(out, force, inputs)
     if out.exists() and any(out.iterdir()) and not force:
         raise ConfigError(f"--out {out}: directory is not empty (use --force to replace it)")
-    parent = out.absolute().parent
+    parent = Path(os.path.abspath(out)).parent
     for above in (parent, *parent.parents):
         if above.exists():
             if not above.is_dir():
@@ -72,15 +97,22 @@ def prepare_out_dir(out: Path, force: bool) -> Path:
             break
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+        return Path(tempfile.mkdtemp(prefix=f".{Path(os.path.abspath(out)).name}.tmp-", dir=parent))
     except OSError as exc:
         raise ConfigError(f"--out {out}: cannot create it ({exc.strerror or exc.__class__.__name__})") from None
 
 
 def publish(tmp: Path, out: Path) -> None:
-    if out.exists():
-        shutil.rmtree(out)
+    """``tmp`` becomes ``out``. A folder already there is moved aside first and removed only
+    once the new one is in place, so a failure between the two loses neither."""
+    if not out.exists():
+        tmp.rename(out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{Path(os.path.abspath(out)).name}.old-", dir=tmp.parent))
+    old.rmdir()
+    out.rename(old)
     tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def compare(
@@ -98,7 +130,7 @@ def compare(
     policies = [make_policy(s) for s in plan.specs]  # fail on a bad spec before any work
     cfg = plan.config
     workload, batches = replay_workload(plan.trace_path, cfg.steps, cfg.tasks_per_step, cfg.samples_per_task)
-    tmp = prepare_out_dir(out, force)
+    tmp = prepare_out_dir(out, force, inputs=(plan.trace_path,))
     timing: list[tuple[str, str, str, float]] = []  # (part, policy, run_dir, wall seconds)
     try:
         run_dirs: list[Path] = []

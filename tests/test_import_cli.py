@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from rlsched.cli import main
 from rlsched.cli.trace_import import register
-from rlsched.cluster.errors import TraceError
+from rlsched.cluster.errors import ConfigError, TraceError
 from rlsched.traces import load_trace, trace_stats
 
 
@@ -75,3 +75,14 @@ def test_imported_trace_runs_through_compare(app, tmp_path, capsys):
     summary = pd.read_csv(out / "summary.csv")
     assert summary["policy"].tolist() == ["colocated", "async"]
     assert (summary["steps"] == 2).all() and (summary["lost_trajectories"] == 0).all()
+
+
+def test_out_naming_a_log_being_imported_is_refused_and_the_log_kept(app, tmp_path):
+    log = tmp_path / "chat.jsonl"
+    log.write_bytes(MESSAGES.read_bytes())
+    before = log.read_bytes()
+    res = CliRunner().invoke(app, ["trace", "import", "-f", "messages", "-o", str(log), str(log)])
+    assert isinstance(res.exception, ConfigError)
+    assert str(res.exception) == (f"--out {log}: is the log {log} being imported, which writing the trace "
+                                  "would overwrite; give another file name")
+    assert log.read_bytes() == before

@@ -203,8 +203,9 @@ def prepare_live_out(out: Path, *, force: bool) -> None:
     """``--out`` for a fresh live run: absent, empty, or replaced with --force (as compare)."""
     import shutil
 
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a directory")
+    from rlsched.compare import check_out_dir
+
+    check_out_dir(out, force)
     if out.is_dir() and any(out.iterdir()):
         if not force:
             raise ConfigError(f"--out {out}: directory is not empty (use --force to replace it, "

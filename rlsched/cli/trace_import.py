@@ -10,6 +10,7 @@ Also holds :func:`fit_report_table`, the table ``trace gen --like`` prints.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +18,7 @@ import pandas as pd
 import typer
 from rich.table import Table
 
+from rlsched.cluster.errors import ConfigError
 from rlsched.traces import write_trace
 from rlsched.traces.envtime import MODEL_NAME
 from rlsched.traces.importers import IMPORTERS, ImportResult, import_traces
@@ -94,7 +96,18 @@ def register(trace_app: typer.Typer) -> None:
     ) -> None:
         """Import agent logs (SWE-agent, chat transcripts, OpenHands, mini-swe-agent, verl) as
         a trace."""
+        _refuse_overwriting_a_log(out, paths)
         result = import_traces(fmt, paths, tokenizer=tokenizer)
         path = write_trace(result.df, out)
         for line in summary_lines(result, path):
             typer.echo(line)
+
+
+def _refuse_overwriting_a_log(out: Path, paths: list[Path]) -> None:
+    """``--out`` naming one of the logs given (``-o run.jsonl run.jsonl``) replaced that log
+    with the trace, silently: refused before anything is read."""
+    real = os.path.realpath(out)
+    for given in paths:
+        if os.path.realpath(given) == real:
+            raise ConfigError(f"--out {out}: is the log {given} being imported, which writing the "
+                              "trace would overwrite; give another file name")

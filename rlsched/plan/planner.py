@@ -74,9 +74,10 @@ def _check(req: PlanRequest) -> None:
         raise ConfigError(f"--budget-minutes={req.budget_minutes}: expected a number > 0")
     if req.max_trials is not None and req.max_trials < 1:
         raise ConfigError(f"--trials={req.max_trials}: expected an integer >= 1")
-    for name in ("resamples", "top"):
-        if getattr(req, name) < 1:
-            raise ConfigError(f"--{name}={getattr(req, name)}: expected an integer >= 1")
+    for name in ("resamples", "top"):  # (each is a full replay per configuration: bounded,
+        # since the robustness check runs after the search's budget; --resamples 100000 ran on)
+        if not 1 <= getattr(req, name) <= 100:
+            raise ConfigError(f"--{name}={getattr(req, name)}: expected an integer from 1 to 100")
     if not 0 <= req.flag_pct < 100:
         raise ConfigError(f"--flag-pct={req.flag_pct}: expected a percentage in [0, 100)")
 
@@ -152,7 +153,7 @@ def plan(req: PlanRequest, out: Path, *, force: bool = False,
     run = resolve_run(req.run, req.trace)
     arms = build_arms(req.policies, req.max_staleness, run.gpus // run.tp)
     setup = PlanSetup(req.trace, run, req.cost)
-    tmp = prepare_out_dir(out, force)
+    tmp = prepare_out_dir(out, force, inputs=(req.trace_path,))
     runner: CachedRunner | None = None
     try:
         runner = make_runner(setup, req.workers, req.ray)
