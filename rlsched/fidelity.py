@@ -16,7 +16,7 @@ from typing import Any
 
 from rlsched.analysis.fidelity import FidelityResult, compare_runs, live_record, write_tables
 from rlsched.cluster.config import RunConfig
-from rlsched.cluster.errors import RecordError
+from rlsched.cluster.errors import ConfigError, RecordError
 from rlsched.cluster.record import RunRecord, read_run
 from rlsched.compare import prepare_out_dir, publish
 
@@ -24,19 +24,31 @@ from rlsched.compare import prepare_out_dir, publish
 def replay_config(meta: dict[str, Any], source: Path) -> RunConfig:
     """The simulator's RunConfig for a live run: its [cluster]/[run] values, with the
     live-only settings that the simulator models mapped onto its own fields."""
+    where = source / "meta.json"
     cfg = meta.get("config")
     live = meta.get("live") or {}
     if not isinstance(cfg, dict):
-        raise RecordError(f"{source / 'meta.json'}: no 'config' table; not a run record rlsched wrote")
+        raise RecordError(f"{where}: no 'config' table; not a run record rlsched wrote")
+    if not isinstance(live, dict):
+        raise RecordError(f"{where}: field live={live!r}: expected a table")
     known = set(RunConfig.__dataclass_fields__)
     kw = {k: v for k, v in cfg.items() if k in known}
     kw["tasks_per_step"] = live.get("tasks_per_step", kw.get("tasks_per_step"))
     kw["samples_per_task"] = live.get("samples_per_task", kw.get("samples_per_task"))
     if "env_workers" in live:
-        kw["sandbox_slots"] = int(live["env_workers"])  # concurrent tool calls, live
-    kw["steps"] = int(meta.get("steps_done") or kw.get("steps", 1))
+        kw["sandbox_slots"] = _whole(live["env_workers"], "live.env_workers", where)  # concurrent tool calls
+    kw["steps"] = _whole(meta.get("steps_done") or kw.get("steps", 1), "steps_done", where)
     kw["check"] = False
-    return RunConfig(**kw)
+    try:
+        return RunConfig(**kw)
+    except ConfigError as exc:  # (its message names the field; this names the file too)
+        raise RecordError(f"{where}: {exc}") from None
+
+
+def _whole(value: Any, name: str, where: Path) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or int(value) != value:
+        raise RecordError(f"{where}: field {name}={value!r}: expected a whole number")
+    return int(value)
 
 
 def replay(live: RunRecord, cost: Any, out_dir: Path) -> RunRecord:
@@ -64,7 +76,7 @@ def fidelity(live_dir: Path, cost: Any, out_dir: Path, *, force: bool = False,
     live = live_record(Path(live_dir))
     rep = read_run(repeat) if repeat is not None else None
     out = Path(out_dir)
-    tmp = prepare_out_dir(out, force)
+    tmp = prepare_out_dir(out, force, inputs=(live_dir, *((repeat,) if repeat is not None else ())))
     try:
         result = compare_runs(live, replay(live, cost, tmp / "sim"), rep)
         write_tables(result, tmp)

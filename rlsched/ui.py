@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from functools import cache
 
 import pandas as pd
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -92,3 +93,10 @@ def print_summary(summary: pd.DataFrame) -> None:
                 cells.append(str(v))
         table.add_row(*cells)
     console_out().print(table)
+    if "trained_tokens" in summary.columns:
+        for _, row in summary[summary["trained_tokens"] == 0].iterrows():
+            # (a run that trained nothing is no comparison: said, not left to the table --
+            # every trajectory of a trace whose contexts exceed an engine's KV ends timed out)
+            typer.echo(f"warning: {row['policy']} trained no tokens: its trajectories ended before "
+                       "finishing a turn (finish_status in its run's trajectories.parquet; a context "
+                       "longer than an engine's KV capacity ends one: see rlsched cost show)", err=True)

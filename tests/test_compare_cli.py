@@ -184,3 +184,58 @@ def test_large_parquet_traces_are_read_by_step(small_trace, monkeypatch):
         a, b = slice(whole_w.start[i], whole_w.start[i] + whole_w.turns[i]), slice(part_w.start[j], part_w.start[j] + part_w.turns[j])
         for col in ("prompt", "output", "env"):
             assert np.array_equal(getattr(whole_w, col)[a], getattr(part_w, col)[b]), col
+
+
+def test_force_never_deletes_where_the_user_stands_or_what_it_reads(tmp_path, small_trace, capsys,
+                                                                    monkeypatch):
+    """``--out . --force`` removed everything in the current folder, then failed; a folder
+    holding the trace would have been deleted with it; a symbolic link could be neither
+    replaced nor followed safely. Each is one line, and nothing is removed."""
+    here = tmp_path / "here"
+    (here / "sub").mkdir(parents=True)
+    (here / "keep.txt").write_text("mine")
+    trace = here / "t.parquet"
+    trace.write_bytes(small_trace.read_bytes())
+    monkeypatch.chdir(here / "sub")
+    (here / "sub" / "x.txt").write_text("x")
+    cases = [
+        (".", "is the current directory or holds it"),
+        ("..", "is the current directory or holds it"),
+        (str(here), "is the current directory or holds it"),
+    ]
+    for out, needle in cases:
+        assert main(["compare", "--trace", str(small_trace), "--out", out, "--no-report", *SMALL,
+                     "--policies", "colocated", "--force"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
+    monkeypatch.chdir(tmp_path)
+    assert _compare(here, trace, "--policies", "colocated", "--force") == 2
+    assert f"holds the input {trace}, which --force would delete" in capsys.readouterr().err
+    link = tmp_path / "link"
+    link.symlink_to(here)
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    for out in (link, dangling):
+        assert _compare(out, small_trace, "--policies", "colocated", "--force") == 2
+        assert "is a symbolic link" in capsys.readouterr().err
+    assert (here / "keep.txt").read_text() == "mine" and trace.exists() and (here / "sub" / "x.txt").exists()
+    # a replaced folder leaves no copy of the old one beside it
+    out = tmp_path / "again"
+    assert _compare(out, small_trace, "--policies", "colocated") == 0
+    assert _compare(out, small_trace, "--policies", "colocated", "--force") == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_run_that_trains_nothing_says_so(tmp_path, small_trace, capsys):
+    """Contexts longer than an engine's KV end every trajectory timed out before a turn:
+    the run 'succeeded' with 0 trained tokens and nothing said it."""
+    df = pd.read_parquet(small_trace)
+    df["output_tokens"] = 10**7
+    big = tmp_path / "big.parquet"
+    write_trace(df, big)
+    assert _compare(tmp_path / "o", big, "--policies", "colocated") == 0
+    err = capsys.readouterr().err
+    assert "warning: colocated trained no tokens" in err
+    assert (pd.read_csv(tmp_path / "o" / "summary.csv").trained_tokens == 0).all()
+    assert _compare(tmp_path / "o2", small_trace, "--policies", "colocated") == 0
+    assert "trained no tokens" not in capsys.readouterr().err
