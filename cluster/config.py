@@ -13,6 +13,10 @@ from typing import Any
 from .errors import ConfigError, did_you_mean, shown
 from .faults import FaultSchedule
 
+#: The most GPUs (and sandbox slots) a run may name: far beyond any cluster, and small enough
+#: for the per-GPU state a run keeps (``--gpus 99999999999999999996`` was an OverflowError).
+MAX_SLOTS = 1 << 20
+
 
 @dataclass(frozen=True, slots=True)
 class RunConfig:
@@ -34,6 +38,9 @@ class RunConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"run config: {name}={v!r}: expected an integer >= 1")
+        for name in ("gpus", "sandbox_slots"):  # (the cluster state holds one slot per GPU)
+            if getattr(self, name) > MAX_SLOTS:
+                raise ConfigError(f"run config: {name}={getattr(self, name)}: expected at most {MAX_SLOTS:,}")
         for name in ("tasks_per_step", "samples_per_task"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):

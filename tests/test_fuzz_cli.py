@@ -261,3 +261,32 @@ def test_cost_huge_switch_time_rejected(tmp_path, seconds):
     cost.write_text(json.dumps({"switch_s": seconds}))
     compare_and_judge(["--trace", str(write_tiny_trace(tmp_path)), "--policies", "elastic",
                        "--gpus", "8", "--cost", str(cost)], tmp_path / "results", True, 15)
+
+
+# ------------------------------------- huge counts (session 17's adversarial sweep)
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--policy", "elastic", "--steps", "1", "--no-report", "--gpus", "99999999999999999996"],
+    ["run", "--policy", "elastic", "--steps", "1", "--no-report", "--gpus", "18446744073709551616",
+     "--tp", "9223372036854775808"],
+    ["trace", "gen", "--tasks", "99999999999999999999"],
+    ["trace", "gen", "--samples", "99999999999999999999"],
+    ["trace", "gen", "--like", "LIKE", "--tasks", "99999999999999999999"],
+    ["trace", "gen", "--like", "LIKE", "--samples", "0"],
+    ["plan", "--steps", "1", "--gpus", "8", "--tp", "2", "--no-sensitivity", "--no-report",
+     "--trials", "1", "--workers", "99999999999999999999"],
+    ["plan", "--steps", "1", "--gpus", "8", "--tp", "2", "--no-sensitivity", "--no-report",
+     "--trials", "1", "--workers", "1", "--resamples", "100000"],
+], ids=["gpus", "gpus-tp", "gen-tasks", "gen-samples", "like-tasks", "like-samples", "plan-workers",
+        "plan-resamples"])
+def test_huge_counts_are_one_line(tmp_path, argv):
+    """Each was an OverflowError, a NumPy ValueError or a run that ignored its budget."""
+    trace = write_tiny_trace(tmp_path)
+    argv = [str(trace) if a == "LIKE" else a for a in argv]
+    if argv[0] in ("run", "plan"):
+        argv += ["--trace", str(trace), "--out", str(tmp_path / "out")]
+    else:
+        argv += ["--out", str(tmp_path / "gen.parquet")]
+    assert judge_cli(run_cli(argv), True) == "clean error"
+    assert not (tmp_path / "out").exists() and not (tmp_path / "gen.parquet").exists()

@@ -93,7 +93,7 @@ def test_gen_like_refuses_zero_counts_and_options_it_cannot_honour(tmp_path, cap
     out = tmp_path / "x.parquet"
     for flag in ("--tasks", "--samples"):
         assert main(["trace", "gen", "--like", str(like), flag, "0", "--out", str(out)]) == 2
-        assert f"{flag[2:]}=0 — expected a whole number >= 1" in _one_error_line(capsys)
+        assert f"{flag}=0: expected a whole number >= 1" in _one_error_line(capsys)
     for flag in ("--turns-scale", "--tokens-scale", "--growth"):
         assert main(["trace", "gen", "--like", str(like), flag, "2", "--out", str(out)]) == 2
         assert f"{flag} does not apply with --like" in _one_error_line(capsys)

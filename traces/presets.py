@@ -15,6 +15,10 @@ from dataclasses import dataclass
 
 from rlsched.cluster.errors import ConfigError
 
+#: The most trajectories a generated trace may hold (``--tasks 99999999999999999999`` was a
+#: NumPy ValueError deep in the generator; ten million is beyond any RL run's rollouts).
+MAX_TRAJECTORIES = 10_000_000
+
 
 @dataclass(frozen=True)
 class GenParams:
@@ -102,6 +106,9 @@ class GenParams:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"GenParams.{name}={value!r} — expected a whole number >= 1")
+        if self.tasks * self.samples > MAX_TRAJECTORIES:
+            raise ConfigError(f"GenParams.tasks x samples = {self.tasks} x {self.samples} — expected at most "
+                              f"{MAX_TRAJECTORIES:,} trajectories (trace gen: --tasks x --samples)")
         for name in ("long_frac", "tool_tail_frac", "env_slow_frac", "branch_frac",
                      "success_rate"):
             value = getattr(self, name)

@@ -206,12 +206,17 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
+#: Simulator processes on one machine (``--workers 99999999999999999999`` was an
+#: OverflowError from the process pool's semaphore).
+MAX_WORKERS = 1024
+
+
 class LocalRunner:
     """Jobs in this process (``workers <= 1``) or in a spawned process pool."""
 
     def __init__(self, setup: PlanSetup, workers: int) -> None:
-        if workers < 1:
-            raise ConfigError(f"--workers={workers}: expected an integer >= 1")
+        if not 1 <= workers <= MAX_WORKERS:
+            raise ConfigError(f"--workers={workers}: expected an integer from 1 to {MAX_WORKERS}")
         self.setup = setup
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
