@@ -117,6 +117,22 @@ def _require_columns(df: pd.DataFrame, cols: tuple[str, ...], file: Path) -> Non
         raise RecordError(f"{file}: missing column(s) {', '.join(missing)}; not a run record this rlsched reads")
 
 
+def _numbers(col: pd.Series) -> bool:
+    """Numbers (both drivers write these columns as integers or floats; NaN is a float)."""
+    return pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col)
+
+
+def _require_numbers(df: pd.DataFrame, cols: tuple[str, ...], file: Path) -> None:
+    """Columns the analysis computes with must hold numbers (a record rewritten with text
+    columns was a TypeError deep in the report)."""
+    if df.empty:
+        return  # (a run stopped at once writes its tables without rows, and untyped)
+    for c in cols:
+        if c in df.columns and not _numbers(df[c]):
+            raise RecordError(f"{file}: column {c} holds {df[c].dtype} values: expected numbers; "
+                              "not a run record this rlsched reads")
+
+
 def _number(meta: dict[str, Any], key: str, file: Path, *, integer: bool, minimum: float) -> float:
     v = meta.get(key)
     ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
@@ -144,6 +160,9 @@ def check_record(record: RunRecord) -> None:
     _require_columns(iv, INTERVAL_COLUMNS, ivf)
     _require_columns(record.trajectories, TRAJECTORY_COLUMNS, d / "trajectories.parquet")
     _require_columns(record.steps, STEP_COLUMNS, d / "steps.parquet")
+    _require_numbers(iv, INTERVAL_COLUMNS[:4], ivf)
+    _require_numbers(record.trajectories, (*TRAJECTORY_COLUMNS[3:], "step"), d / "trajectories.parquet")
+    _require_numbers(record.steps, STEP_COLUMNS, d / "steps.parquet")
     if not record.events.empty or len(record.events.columns):
         _require_columns(record.events, EVENT_COLUMNS, d / "events.parquet")
     if iv.empty:

@@ -48,7 +48,14 @@ def _with_switch_gpus(table: pd.DataFrame, gpus: int) -> pd.DataFrame:
 def refit(measurements_csv: Path) -> CalibrationRun:
     """Re-fit the measurements an earlier ``rlsched calibrate`` wrote (no live backend
     needed): ``cost.measurements.csv`` plus its ``cost.info.json``."""
+    if not measurements_csv.name.endswith(".measurements.csv"):
+        raise ConfigError(f"{measurements_csv}: expected a NAME.measurements.csv that rlsched calibrate "
+                          "wrote (its NAME.info.json beside it)")
     info_path = measurements_csv.with_name(measurements_csv.name.replace(".measurements.csv", ".info.json"))
+    for path in (measurements_csv, info_path):
+        if not path.is_file():
+            raise ConfigError(f"{path}: not found (--from-measurements reads NAME.measurements.csv and "
+                              "the NAME.info.json beside it)")
     try:
         table = pd.read_csv(measurements_csv)
         info = json.loads(info_path.read_text())
@@ -57,4 +64,37 @@ def refit(measurements_csv: Path) -> CalibrationRun:
                           f".measurements.csv and .info.json that rlsched calibrate wrote)") from None
     if "component" not in table.columns or not isinstance(info, dict) or "base" not in info:
         raise ConfigError(f"{measurements_csv}: not a calibration measurements file (no 'component' column or info)")
-    return fit_measurements(table, info)
+    _check_measurements(table, measurements_csv)
+    for key in ("base", "machine_peaks"):
+        if key in info and not isinstance(info[key], dict):
+            raise ConfigError(f"{info_path}: field {key}={info[key]!r}: expected a table (an object of fields)")
+    try:
+        return fit_measurements(table, info)
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        # (an edited info.json or table the checks above let through: one line naming both files)
+        raise ConfigError(f"{measurements_csv} / {info_path.name}: cannot re-fit "
+                          f"({exc.__class__.__name__}: {str(exc).splitlines()[0][:160]}); expected the files "
+                          "rlsched calibrate wrote, unedited") from None
+
+
+def _check_measurements(table: pd.DataFrame, path: Path) -> None:
+    """Every row's ``seconds`` is a finite number > 0, every other measured column holds
+    finite numbers >= 0 where it has a value, and a KV capacity is > 0 (a seconds of -1, 0,
+    NaN or text made the least-squares fit fail with a SciPy error; a capacity of 0 wrote
+    a cost model with r2 = nan)."""
+    for col in table.columns:
+        if col in ("component", "kind"):
+            continue
+        raw = table[col]
+        values = pd.to_numeric(raw, errors="coerce")
+        floor_ok = values > 0 if col in ("seconds", "kv_capacity", "gpus") else values >= 0
+        bad = (~floor_ok | (values == float("inf"))) & raw.notna()
+        if col == "seconds":  # (every timed component has its seconds; the kv row has none)
+            bad |= raw.isna() & (table["component"] != "kv")
+        if bad.any():
+            i = int(bad.to_numpy().argmax())
+            need = "> 0" if col in ("seconds", "kv_capacity", "gpus") else ">= 0"
+            v = raw.iloc[i]
+            shown = repr(v) if isinstance(v, str) else f"{float(v):g}" if v == v else "(empty)"
+            raise ConfigError(f"{path}: row {i} ({table['component'].iloc[i]}): {col}={shown}: "
+                              f"expected a finite number {need}")

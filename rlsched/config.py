@@ -91,10 +91,15 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> ConfigFile:
         for k, v in table.items():
             if k not in _RUN_KEYS:
                 raise ConfigError(f"{source}: [{section}] unknown key {k!r}{did_you_mean(k, _RUN_KEYS)}")
+            if k in run_kw:  # (one silently won over the other)
+                raise ConfigError(f"{source}: {k} is set in both [cluster] and [run]: keep one")
             run_kw[k] = v
     if "faults" in data:
         run_kw["faults"] = parse_faults(data["faults"], source)
-    run = RunConfig(**run_kw)
+    try:
+        run = RunConfig(**run_kw)
+    except ConfigError as exc:  # (it names the field; this names the file too)
+        raise ConfigError(f"{source}: {exc}") from None
     cost = data.get("cost", {})
     if not isinstance(cost, dict):
         raise ConfigError(f"{source}: [cost] must be a table")

@@ -126,8 +126,36 @@ def test_written_file_loads_unchanged_and_refits(tmp_path):
 def test_refit_of_a_wrong_file_is_one_line(tmp_path):
     bad = tmp_path / "x.measurements.csv"
     bad.write_text("a,b\n1,2\n")
-    with pytest.raises(ConfigError, match=r"cannot re-fit|not a calibration"):
+    with pytest.raises(ConfigError, match=r"x.info.json: not found"):
         refit(bad)
+    (tmp_path / "x.info.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"not a calibration"):
+        refit(bad)
+    with pytest.raises(ConfigError, match=r"expected a NAME.measurements.csv"):
+        refit(tmp_path / "good.csv")
+
+
+@pytest.mark.parametrize(("edit", "needle"), [
+    (lambda t, i: t.__setitem__("seconds", -t["seconds"]), r"row 0 \(\w+\): seconds=-[\d.e-]+: expected a finite number > 0"),
+    (lambda t, i: t.loc.__setitem__((0, "seconds"), float("nan")), r"row 0 \(\w+\): seconds=\(empty\)"),
+    (lambda t, i: i.__setitem__("base", "x"), r"a.info.json: field base='x': expected a table"),
+    (lambda t, i: i["base"].__setitem__("foo", 1), r"cannot re-fit \(TypeError: .*foo"),
+    (lambda t, i: i.__setitem__("tp", "abc"), r"cannot re-fit \(ValueError"),
+], ids=["negative-seconds", "missing-seconds", "base-not-a-table", "unknown-base-field", "tp-text"])
+def test_refit_of_an_edited_calibration_is_one_line(tmp_path, edit, needle):
+    """Each was a SciPy, dataclass or int() traceback."""
+    import json
+
+    info = {"model_dir": "tiny", "on_gpus": False, "gpus": 2, "tp": 1, "seconds": 1.0,
+            "machine_peaks": {"peak_flops": TINY["peak_flops"], "hbm_bw": TINY["hbm_bw"]}, "base": dict(TINY)}
+    write_calibration(tmp_path / "a.toml", fit_measurements(fake_rows(truth_model()), info))
+    table = pd.read_csv(tmp_path / "a.measurements.csv")
+    meta = json.loads((tmp_path / "a.info.json").read_text())
+    edit(table, meta)
+    table.to_csv(tmp_path / "a.measurements.csv", index=False)
+    (tmp_path / "a.info.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match=needle):
+        refit(tmp_path / "a.measurements.csv")
 
 
 def test_cli_refuses_a_non_toml_out_and_refits(tmp_path, capsys):

@@ -96,6 +96,20 @@ def test_replay_config_maps_live_settings():
     assert (cfg.steps, cfg.tasks_per_step, cfg.samples_per_task, cfg.sandbox_slots, cfg.seed) == (4, 3, 2, 6, 3)
 
 
+@pytest.mark.parametrize(("edit", "needle"), [
+    ({"live": {"env_workers": "abc"}}, r"field live.env_workers='abc': expected a whole number"),
+    ({"steps_done": "x"}, r"field steps_done='x': expected a whole number"),
+    ({"live": [1, 2]}, r"field live=\[1, 2\]: expected a table"),
+    ({"config": {"gpus": "many", "tp": 1}}, r"meta.json: run config: gpus='many'"),
+])
+def test_an_edited_live_meta_is_one_line_naming_it(edit, needle):
+    """Each was a ValueError or AttributeError traceback, or a line without the file."""
+    meta = {"config": {"gpus": 2, "tp": 1, "steps": 5, "seed": 3}, "steps_done": 4,
+            "live": {"tasks_per_step": 3, "samples_per_task": 2, "env_workers": 6}, **edit}
+    with pytest.raises(RecordError, match=needle):
+        replay_config(meta, Path("run"))
+
+
 def test_a_simulated_run_is_refused_in_one_line(tmp_path):
     d = fake_live_run(tmp_path / "live")
     meta = json.loads((d / "meta.json").read_text())

@@ -154,3 +154,16 @@ def test_clearly_broken_examples_fail():
         make_policy("elastic:tail=0.5,tail=0.5")
     with pytest.raises(ConfigError, match="expected a finite number"):
         CostModel().with_overrides({"hbm_bw": math.nan})
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ('[run]\ngpus = "8"\n', "c.toml: run config: gpus='8': expected an integer >= 1"),
+    ("[cluster]\ngpus = 16777216\n", "c.toml: run config: gpus=16777216: expected at most 1,048,576"),
+    ("[cluster]\ntp = 2\n[run]\ntp = 4\n", "c.toml: tp is set in both [cluster] and [run]: keep one"),
+])
+def test_config_value_errors_name_the_file(text, needle):
+    """(The run config's own line named the field but not the file; a key in both tables
+    was silently the [run] one.)"""
+    with pytest.raises(ConfigError) as e:
+        parse_config(tomllib.loads(text), "c.toml")
+    assert str(e.value) == needle

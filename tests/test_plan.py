@@ -341,3 +341,20 @@ def test_plan_on_ray_matches_local_processes(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr[-2000:]
     for f in ("ranking.csv", "trials.csv", "robustness.csv", "recommended.toml"):
         assert (tmp_path / "ray" / f).read_text() == (tmp_path / "local" / f).read_text(), f
+
+
+def test_sensitivity_skips_a_half_cluster_below_the_trainer_floor(tmp_path: Path) -> None:
+    """On 8 GPUs of the default preset (its trainer needs 8) the 0.5x-GPUs scenario failed
+    the whole plan with "the cluster has 4: use --gpus >= 8" -- about a cluster the user
+    never gave. It is skipped, and says why."""
+    from rlsched.sim.presets import default_cost
+
+    path, df = _trace(tmp_path, "longtail-small", tasks=8, turns_scale=0.1)
+    req = _request(path, df, run=RunConfig(gpus=8, tp=2, steps=2), cost=default_cost(), max_trials=2,
+                   resamples=1, top=1, sensitivity=True)
+    plan(req, tmp_path / "plan")
+    sens = pd.read_csv(tmp_path / "plan" / "sensitivity.csv")
+    half = sens[sens.gpus == 4]
+    assert list(half.change) == ["skipped"]
+    assert "the cost model's trainer needs at least 8 GPUs" in half.scenario.iloc[0]
+    assert (sens[sens.gpus == 16].change != "skipped").all()

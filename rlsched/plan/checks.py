@@ -123,6 +123,11 @@ def sensitivity(req: PlanRequest, runner: CachedRunner, res: SearchResult, setup
         except ConfigError as err:
             scenarios.append((Scenario(f"gpus-{gpus}", "skip", gpus), f"{label}: skipped ({err})"))
             continue
+        floor = _trainer_floor(setup)
+        if gpus < floor:  # (it failed the whole plan with "use --gpus >= N" about a cluster not given)
+            scenarios.append((Scenario(f"gpus-{gpus}", "skip", gpus),
+                              f"{label}: skipped (the cost model's trainer needs at least {floor} GPUs)"))
+            continue
         scenarios.append((Scenario(f"gpus-{gpus}", "base", gpus), label))
     cut_label = f"{pct} longest trajectories removed"
     if setup.trace["trajectory_id"].nunique() > 1:
@@ -171,3 +176,11 @@ def sensitivity(req: PlanRequest, runner: CachedRunner, res: SearchResult, setup
             "candidates": len(cands), "change": change,
         })
     return pd.DataFrame(rows), pd.DataFrame(detail)
+
+
+def _trainer_floor(setup: PlanSetup) -> int:
+    """The fewest GPUs the cost model's trainer fits on (1 without a memory model)."""
+    from rlsched.sim.memory import train_layout
+
+    layout = train_layout(setup.cost)
+    return layout.min_gpus if layout.memory is not None else 1
