@@ -108,3 +108,12 @@ def test_gen_token_scale_past_the_schema_bound_is_one_line(tmp_path, capsys):
     line = _one_error_line(capsys)
     assert line.startswith("rlsched: error: GenParams.tokens_scale=1e+16") and "2**62" in line
     assert not out.exists()
+
+
+def test_a_trace_file_name_without_a_trace_suffix_is_refused(tmp_path, capsys):
+    """``trace gen --out g.csv`` wrote Parquet under a .csv name (as did ``trace import``)."""
+    out = tmp_path / "g.csv"
+    assert main(["trace", "gen", "--tasks", "2", "--out", str(out)]) == 2
+    assert "expected a trace file name ending in .parquet" in _one_error_line(capsys)
+    assert not out.exists()
+    assert main(["trace", "gen", "--tasks", "2", "--out", str(tmp_path / "g.jsonl")]) == 0

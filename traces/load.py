@@ -221,6 +221,14 @@ def _row_group_bounds(df: pd.DataFrame) -> list[tuple[int, int]]:
     return list(itertools.pairwise(edges))
 
 
+def check_trace_out(path: Path, flag: str = "--out") -> None:
+    """A trace file name the command line writes: Parquet or JSON Lines by its suffix
+    (``trace gen --out g.csv`` wrote Parquet under a ``.csv`` name)."""
+    if path.suffix.lower() not in PARQUET_SUFFIXES + JSONL_SUFFIXES:
+        raise TraceError(f"{flag} {path}: expected a trace file name ending in "
+                         f"{', '.join(PARQUET_SUFFIXES + JSONL_SUFFIXES)}")
+
+
 def write_trace(df: pd.DataFrame, path: str | Path) -> Path:
     """Validate ``df`` and write it; Parquet unless the suffix is ``.jsonl``/``.json``.
 

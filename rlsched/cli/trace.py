@@ -64,6 +64,9 @@ def gen(
         "preset; --tasks/--samples scale it up.")] = None,
 ) -> None:
     """Generate a long-tailed synthetic trace from a preset (see traces/SOURCES.md)."""
+    from rlsched.traces.load import check_trace_out
+
+    check_trace_out(out)
     if like is not None:
         ignored = [flag for flag, value in (("--turns-scale", turns_scale),
                                             ("--tokens-scale", tokens_scale),

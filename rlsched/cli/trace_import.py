@@ -22,6 +22,7 @@ from rlsched.cluster.errors import ConfigError
 from rlsched.traces import write_trace
 from rlsched.traces.envtime import MODEL_NAME
 from rlsched.traces.importers import IMPORTERS, ImportResult, import_traces
+from rlsched.traces.load import check_trace_out
 
 #: At most this many skip reasons are printed; the count is always complete.
 MAX_SKIPS_SHOWN = 20
@@ -96,6 +97,7 @@ def register(trace_app: typer.Typer) -> None:
     ) -> None:
         """Import agent logs (SWE-agent, chat transcripts, OpenHands, mini-swe-agent, verl) as
         a trace."""
+        check_trace_out(out)
         _refuse_overwriting_a_log(out, paths)
         result = import_traces(fmt, paths, tokenizer=tokenizer)
         path = write_trace(result.df, out)
