@@ -194,4 +194,5 @@ def check_interval_rows(file: Path, offset: int, codes: np.ndarray, state_at: Ca
     backwards = ~(end >= start)  # also catches NaN
     if backwards.any():
         i = int(backwards.argmax())
-        raise RecordError(f"{file}: row {offset + i}: end={end[i]!r} before start={start[i]!r}")
+        raise RecordError(f"{file}: row {offset + i}: end={float(end[i]):g} before start={float(start[i]):g} "
+                          "(expected finite times, end >= start)")

@@ -81,3 +81,11 @@ def test_compare_with_a_preset_and_config(tmp_path, capsys) -> None:
 def test_live_run_refuses_a_preset(capsys) -> None:
     assert main(["run", "--live", "--out", "unused", "--policy", "colocated", "--model", "qwen2.5-7b"]) == 2
     assert "--model/--gpu choose the simulator's cost model" in capsys.readouterr().err
+
+
+def test_cost_show_takes_a_tp_the_default_cluster_does_not_divide(capsys) -> None:
+    """(It was refused as "gpus=64 is not a multiple of tp=3": cost show has no --gpus.)"""
+    assert main(["cost", "show", "--tp", "3"]) == 0
+    assert "engine     tp=3: KV capacity" in capsys.readouterr().out
+    assert main(["cost", "show", "--tp", "0"]) == 2
+    assert "tp=0: expected an integer >= 1" in capsys.readouterr().err

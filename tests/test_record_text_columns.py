@@ -27,3 +27,14 @@ def test_text_in_a_number_column_is_one_line(tmp_path, name, column):
     df.to_parquet(f)
     with pytest.raises(RecordError, match=rf"{name}: column {column} holds .* values: expected numbers"):
         load_run(tmp_path / "r")
+
+
+def test_a_nan_interval_end_is_a_plain_line(tmp_path):
+    """(It printed ``end=np.float64(nan)``.)"""
+    run(ABC, [["A", "B", "C"]], "colocated", out_dir=tmp_path / "r")
+    f = tmp_path / "r" / "intervals.parquet"
+    df = pd.read_parquet(f)
+    df.loc[0, "end"] = float("nan")
+    df.to_parquet(f)
+    with pytest.raises(RecordError, match=r"intervals.parquet: row 0: end=nan before start=[\d.]+ \(expected"):
+        load_run(tmp_path / "r")

@@ -57,7 +57,10 @@ def show_cmd(
 
     if not (math.isfinite(context) and context >= 0):
         raise ConfigError(f"--context={context!r}: expected a finite number of tokens >= 0")
-    _cfg, run, c = resolve_settings(config, cost, model_preset, gpu_preset, tp=tp)
+    # (the figures are per engine: a --tp the default cluster's 64 GPUs do not divide was
+    # refused as "gpus=64 is not a multiple of tp=3", a flag this command does not have)
+    gpus = 2 * tp if tp is not None and tp >= 1 and 64 % tp else None
+    _cfg, run, c = resolve_settings(config, cost, model_preset, gpu_preset, tp=tp, gpus=gpus)
     if seq is not None:
         c = replace(c, train_seq_tokens=float(seq))  # type: ignore[type-var]
     for line in describe(c, run.tp, context):  # type: ignore[arg-type]
