@@ -118,6 +118,8 @@ class CostModel:
                 raise ConfigError(f"cost model: {f.name}={shown(v)}: expected a finite number")
             if v < 0 or (v == 0 and f.name not in _MAY_BE_ZERO):
                 raise ConfigError(f"cost model: {f.name}={shown(v)}: must be > 0")
+            if f.type in ("int", int) and v != int(v):  # (layers=1.5 was taken as it stood)
+                raise ConfigError(f"cost model: {f.name}={shown(v)}: expected a whole number")
             lo, hi, unit = _RANGES[f.name]
             if (v != 0 and v < lo) or v > hi:
                 raise ConfigError(

@@ -194,6 +194,9 @@ def resolve_cost(model: str | None, gpu: str | None, cost_file: Any = None,
     for key in ("model", "gpu"):
         if key in rest and not isinstance(rest[key], str):
             raise ConfigError(f"{source}: {key}={rest[key]!r}: expected a preset name (a string)")
+    for flag, name in (("--model", model), ("--gpu", gpu)):
+        if name is not None and not name.strip():  # ("" fell through to the default preset)
+            raise ConfigError(f"{flag} {name!r}: expected a preset name (rlsched cost list)")
     model = model or rest.pop("model", None)
     gpu = gpu or rest.pop("gpu", None)
     rest.pop("model", None)

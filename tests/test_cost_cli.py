@@ -89,3 +89,15 @@ def test_cost_show_takes_a_tp_the_default_cluster_does_not_divide(capsys) -> Non
     assert "engine     tp=3: KV capacity" in capsys.readouterr().out
     assert main(["cost", "show", "--tp", "0"]) == 2
     assert "tp=0: expected an integer >= 1" in capsys.readouterr().err
+
+
+def test_an_empty_preset_name_and_a_fractional_count_are_refused(tmp_path, capsys) -> None:
+    """(``--model ""`` ran the default preset; ``layers = 1.5`` was taken as it stood.)"""
+    assert main(["cost", "show", "--model", ""]) == 2
+    assert "--model '': expected a preset name" in capsys.readouterr().err
+    cost = tmp_path / "c.json"
+    cost.write_text('{"layers": 1.5}')
+    assert main(["cost", "show", "--cost", str(cost)]) == 2
+    assert "layers=1.5: expected a whole number" in capsys.readouterr().err
+    cost.write_text('{"layers": 64.0}')
+    assert main(["cost", "show", "--cost", str(cost)]) == 0
