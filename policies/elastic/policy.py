@@ -196,8 +196,8 @@ class Elastic(FixedSplit, Reclaim, Configured):
             # start on whatever GPUs it gets later: wait until it has them)
             step = self._train(view, tr)
             if self.config.settle and isinstance(step, MicroBatch) and isinstance(event, TrajectoryFinished):
-                step, settle = None, self._settle(view)
-                cmds += settle
+                step = None
+                cmds += self._settle(view)
         if not placed and not self._queue:  # let new work settle before releasing engines
             released = self._consolidate(view, tr)
             if isinstance(step, MicroBatch) and self._training.withhold(
