@@ -208,3 +208,11 @@ def test_browser_check_catches_a_broken_image_and_console_errors(tmp_path):
     dom, err = _chromium(bad.as_uri(), tmp_path / "profile", tmp_path / "bad.png")
     assert 'data-images-ok="false"' in dom
     assert any("Uncaught ReferenceError" in line for line in _console_lines(err))
+
+
+def test_a_compare_folder_of_incomplete_runs_names_the_run(tmp_path, capsys):
+    """(It blamed the compare folder for a meta.json a compare folder never has.)"""
+    (tmp_path / "cmp" / "runs" / "00-elastic").mkdir(parents=True)
+    assert main(["report", str(tmp_path / "cmp"), "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'cmp' / 'runs' / '00-elastic'}: missing meta.json" in err

@@ -49,5 +49,10 @@ def _expand(run_dirs: list[Path]) -> list[Path]:
 
     out: list[Path] = []
     for d in run_dirs:
-        out.extend(runs_in(d) or [d])
+        found = runs_in(d)
+        if not found and not (d / "meta.json").exists() and (d / "runs").is_dir():
+            # (a compare folder whose runs are all incomplete: name them, not the folder,
+            # which was blamed for a meta.json it never has)
+            found = sorted(p for p in (d / "runs").iterdir() if p.is_dir())
+        out.extend(found or [d])
     return out
