@@ -261,6 +261,10 @@ def trainer_floor(state: Any, cost: CostModel, tp: int, kv_capacity: int) -> Tra
     jobs with."""
     if cost.preset and kv_capacity < 1:
         need = min_engine_gpus(cost)
+        if cost.kv_capacity_tokens(need) < 1:  # (it advised "use tp >= 131072", the search's cap)
+            raise ConfigError(
+                f"cost model: no engine of up to {need:,} GPUs holds the {cost.weight_bytes / 1e9:.0f} GB of weights "
+                f"with hbm_bytes={cost.hbm_bytes:g} x gpu_mem_util={cost.gpu_mem_util:g} per GPU: check those two")
         raise ConfigError(
             f"cost model: an engine of tp={tp} GPUs cannot hold the {cost.weight_bytes / 1e9:.0f} GB of "
             f"weights in {cost.hbm_bytes / 1e9:g} GB per GPU: use tp >= {need}")

@@ -101,3 +101,17 @@ def test_an_empty_preset_name_and_a_fractional_count_are_refused(tmp_path, capsy
     assert "layers=1.5: expected a whole number" in capsys.readouterr().err
     cost.write_text('{"layers": 64.0}')
     assert main(["cost", "show", "--cost", str(cost)]) == 0
+
+
+def test_memory_too_small_for_any_engine_names_the_fields(tmp_path, capsys) -> None:
+    """(A tiny gpu_mem_util or hbm_bytes advised "use tp >= 131072", the search's cap.)"""
+    from rlsched.traces import generate_trace, write_trace
+
+    trace = write_trace(generate_trace("longtail-small", seed=1, tasks=4, samples=2, turns_scale=0.1),
+                        tmp_path / "t.parquet")
+    cost = tmp_path / "c.json"
+    cost.write_text('{"gpu_mem_util": 1e-6}')
+    assert main(["run", "--trace", str(trace), "--policy", "elastic", "--steps", "1",
+                 "--out", str(tmp_path / "o"), "--cost", str(cost)]) == 2
+    err = capsys.readouterr().err
+    assert "no engine of up to 131,072 GPUs holds" in err and "gpu_mem_util=1e-06" in err
