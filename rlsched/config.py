@@ -115,6 +115,7 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> ConfigFile:
         extra = set(entry) - {"spec"}
         if extra:
             raise ConfigError(f"{source}: [[policy]] entry {i}: unknown key {sorted(extra)[0]!r}")
+        _check_spec(entry["spec"], source, i)
         specs.append(entry["spec"])
     live = data.get("live", {})
     if not isinstance(live, dict):
@@ -124,3 +125,15 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> ConfigFile:
         raise ConfigError(f"{source}: trace must be a path string")
     logging = parse_logging(data["logging"], source) if "logging" in data else LoggingConfig()
     return ConfigFile(run, dict(cost), tuple(specs), dict(live), trace, source, logging)
+
+
+def _check_spec(spec: str, source: str, i: int) -> None:
+    """A [[policy]] spec is checked when the file is read, whichever command reads it (a bad
+    one was silently ignored when --policy took its place)."""
+    from rlsched.cluster.errors import PolicyError
+    from rlsched.policies import make_policy
+
+    try:
+        make_policy(spec)
+    except (PolicyError, ConfigError) as exc:
+        raise ConfigError(f"{source}: [[policy]] entry {i}: {exc}") from None

@@ -167,3 +167,10 @@ def test_config_value_errors_name_the_file(text, needle):
     with pytest.raises(ConfigError) as e:
         parse_config(tomllib.loads(text), "c.toml")
     assert str(e.value) == needle
+
+
+def test_a_bad_policy_spec_in_a_config_is_refused_at_load():
+    """(It was silently ignored when --policy took its place.)"""
+    with pytest.raises(ConfigError, match=r"c.toml: \[\[policy\]\] entry 1: policy elastic: unknown parameter 'nosuch'"):
+        parse_config(tomllib.loads('[[policy]]\nspec = "colocated"\n[[policy]]\nspec = "elastic:nosuch=1"\n'),
+                     "c.toml")
