@@ -110,7 +110,15 @@ def publish(tmp: Path, out: Path) -> None:
         return
     old = Path(tempfile.mkdtemp(prefix=f".{Path(os.path.abspath(out)).name}.old-", dir=tmp.parent))
     old.rmdir()
-    out.rename(old)
+    try:
+        out.rename(old)
+    except OSError as exc:  # (an immutable or busy --out: the new results were then deleted)
+        name = Path(os.path.abspath(out)).name
+        kept = Path(tempfile.mkdtemp(prefix=f"{name}.new-", dir=tmp.parent))
+        kept.rmdir()
+        tmp.rename(kept)  # (out of the callers' clean-up of tmp, under a name a user sees)
+        raise ConfigError(f"--out {out}: cannot replace it ({exc.strerror or exc.__class__.__name__}); "
+                          f"the new output is in {kept}") from None
     tmp.rename(out)
     shutil.rmtree(old, ignore_errors=True)
 

@@ -239,3 +239,28 @@ def test_a_run_that_trains_nothing_says_so(tmp_path, small_trace, capsys):
     assert (pd.read_csv(tmp_path / "o" / "summary.csv").trained_tokens == 0).all()
     assert _compare(tmp_path / "o2", small_trace, "--policies", "colocated") == 0
     assert "trained no tokens" not in capsys.readouterr().err
+
+
+def test_an_out_that_cannot_be_replaced_keeps_the_new_output(tmp_path, monkeypatch):
+    """(An immutable --out made publish fail after the run, and the new output was deleted.)"""
+    from rlsched.cluster.errors import ConfigError
+    from rlsched.compare import prepare_out_dir, publish
+
+    out = tmp_path / "G"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    tmp = prepare_out_dir(out, force=True)
+    (tmp / "summary.csv").write_text("new")
+    real_rename = Path.rename
+
+    def refuse_out(self, target):  # (what chattr +i on --out does)
+        if self == out:
+            raise PermissionError(1, "Operation not permitted")
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", refuse_out)
+    with pytest.raises(ConfigError, match=r"--out .*G: cannot replace it \(Operation not permitted\); "
+                                          r"the new output is in .*G\.new-"):
+        publish(tmp, out)
+    (kept,) = tmp_path.glob("G.new-*")
+    assert (kept / "summary.csv").read_text() == "new" and (out / "old.txt").read_text() == "old"

@@ -74,3 +74,12 @@ def test_cli_policy_check_and_list(capsys):
     assert "elastic" in capsys.readouterr().out
     assert main(["policy", "check", "nosuch"]) == 2
     assert "unknown policy 'nosuch'" in capsys.readouterr().err
+
+
+def test_cli_policy_check_of_a_broken_policy_exits_1(capsys, monkeypatch):
+    """(It printed "DOES NOT conform" and exited 0: the command's exit code was dropped.)"""
+    from rlsched.policies import registry
+
+    monkeypatch.setitem(registry._REGISTRY, FakeTwoRoles.name, FakeTwoRoles)
+    assert main(["policy", "check", FakeTwoRoles.name]) == 1
+    assert "DOES NOT conform" in capsys.readouterr().out

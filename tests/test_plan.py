@@ -358,3 +358,14 @@ def test_sensitivity_skips_a_half_cluster_below_the_trainer_floor(tmp_path: Path
     assert list(half.change) == ["skipped"]
     assert "the cost model's trainer needs at least 8 GPUs" in half.scenario.iloc[0]
     assert (sens[sens.gpus == 16].change != "skipped").all()
+
+
+def test_a_policy_named_twice_is_one_arm_and_the_search_ends(tmp_path: Path) -> None:
+    """(``--policies colocated,colocated`` made two arms of one spec, and the search, waiting
+    for a trial per arm, ran past its budget for ever.)"""
+    assert len(build_arms(("colocated", "colocated"), 1, 4)) == len(build_arms(("colocated",), 1, 4))
+    path, df = _trace(tmp_path, tasks=8)
+    req = _request(path, df, policies=("colocated", "colocated"), max_trials=2, resamples=1, top=1,
+                   budget_minutes=0.05)
+    plan(req, tmp_path / "plan")
+    assert (tmp_path / "plan" / "ranking.csv").exists()

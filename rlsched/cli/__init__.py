@@ -54,7 +54,14 @@ def build_app() -> typer.Typer:
 def main(argv: list[str] | None = None) -> int:
     app = build_app()
     try:
-        app(args=argv, prog_name="rlsched", standalone_mode=False)
+        # (not standalone, click returns the code of a typer.Exit raised by a command --
+        # policy check's failure, or its own Exit(130) for a Ctrl-C -- rather than raising
+        # it: dropped, both exited 0)
+        code = app(args=argv, prog_name="rlsched", standalone_mode=False)
+        if isinstance(code, int) and not isinstance(code, bool) and code:
+            if code == 130:
+                typer.echo("rlsched: interrupted", err=True)
+            return code
     except Interrupted as err:  # Ctrl-C after part of the work was written: say what was kept
         typer.echo(f"rlsched: interrupted: {err}", err=True)
         return err.exit_code

@@ -125,7 +125,9 @@ def build_arms(policies: tuple[str, ...] | None, max_staleness: int, groups: int
     ``groups`` is the cluster's number of engine groups (``gpus // tp``)."""
     if max_staleness < 0:
         raise ConfigError(f"--max-staleness={max_staleness}: expected an integer >= 0")
-    names = list(policies) if policies else list(available())
+    # (each name once: --policies colocated,colocated made two arms of one spec, and the
+    # search, waiting for a trial per arm, never stopped)
+    names = list(dict.fromkeys(policies)) if policies else list(available())
     arms: list[Arm] = []
     for name in names:
         cls = get_policy_class(name)
