@@ -140,9 +140,9 @@ def broken_configs(draw) -> ConfigCase:
     elif kind == "unknown cost field":
         data["cost"] = {draw(NAME.filter(lambda k: k not in COST_FIELDS)): 1.0}
         return ConfigCase(kind, data, None, cli_must_fail=True)
-    else:  # bad policy spec: parse_config keeps specs as text; the CLI must reject it
+    else:  # bad policy spec: parse_config checks each spec (session 17), as the CLI must
         data["policy"] = [{"spec": draw(broken_specs()).spec}]
-        return ConfigCase(kind, data, False, cli_must_fail=True)
+        return ConfigCase(kind, data, True, cli_must_fail=True)
     return ConfigCase(kind, data, True)
 
 
