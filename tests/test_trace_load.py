@@ -293,3 +293,29 @@ def test_row_groups_hold_whole_trajectories_and_tasks_load_alone(tmp_path, monke
         part, df[df["task_id"].isin(["t0002", "t0003"])].reset_index(drop=True))
     with pytest.raises(TraceError, match="column 'step' is missing"):
         load_trace(path, steps=[0])
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_a_write_stopped_part_way_leaves_no_trace_file(tmp_path, suffix, monkeypatch):
+    """(A Ctrl-C during ``trace gen``'s write left a valid Parquet file of the row groups
+    written so far: a shorter trace nothing marked as one.) The file appears whole or not
+    at all; a trace already there is kept."""
+    import pyarrow.parquet as pq
+
+    target = tmp_path / f"t{suffix}"
+    write_trace(small_trace(), target)
+    before = target.read_bytes()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", interrupted)
+    monkeypatch.setattr(pd.DataFrame, "to_json", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_trace(small_trace(), target)
+    assert target.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
+    fresh = tmp_path / f"new{suffix}"
+    with pytest.raises(KeyboardInterrupt):
+        write_trace(small_trace(), fresh)
+    assert not fresh.exists() and sorted(p.name for p in tmp_path.iterdir()) == [target.name]

@@ -12,8 +12,10 @@ statistics (``load_trace(path, steps=[s])``) without reading the rest of the fil
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -242,19 +244,36 @@ def write_trace(df: pd.DataFrame, path: str | Path) -> Path:
         steps = df["step"].to_numpy(dtype=np.int64)
         if np.any(steps[1:] < steps[:-1]):
             df = df.take(np.argsort(steps, kind="stable")).reset_index(drop=True)
+    # Written beside the target and renamed into place: a write stopped part-way (Ctrl-C,
+    # a full disk) left a valid Parquet file of the first row groups, a shorter trace that
+    # nothing marked as one.
+    part = path.with_name(f".{path.name}.part")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            raise IsADirectoryError(21, "Is a directory")
         if path.suffix.lower() in JSONL_SUFFIXES:
-            df.to_json(path, orient="records", lines=True, force_ascii=False)
-            return path
-        table = pa.Table.from_pandas(df, preserve_index=False)
-        meta = dict(table.schema.metadata or {})
-        meta[b"rlsched.trace_format"] = _FORMAT_VERSION.encode()
-        table = table.replace_schema_metadata(meta)
-        with pq.ParquetWriter(path, table.schema, compression="zstd", compression_level=9) as w:
-            for lo, hi in _row_group_bounds(df):
-                w.write_table(table.slice(lo, hi - lo), row_group_size=max(hi - lo, 1))
+            df.to_json(part, orient="records", lines=True, force_ascii=False)
+        else:
+            table = pa.Table.from_pandas(df, preserve_index=False)
+            meta = dict(table.schema.metadata or {})
+            meta[b"rlsched.trace_format"] = _FORMAT_VERSION.encode()
+            table = table.replace_schema_metadata(meta)
+            with pq.ParquetWriter(part, table.schema, compression="zstd", compression_level=9) as w:
+                for lo, hi in _row_group_bounds(df):
+                    w.write_table(table.slice(lo, hi - lo), row_group_size=max(hi - lo, 1))
+        os.replace(part, path)
     except OSError as exc:  # a folder, a missing or read-only place: one line, no traceback
+        _remove(part)
         raise TraceError(f"{path}: cannot write the trace ({exc.strerror or exc.__class__.__name__}) — expected a file path "
                          "that can be written") from None
+    except BaseException:
+        _remove(part)
+        raise
     return path
+
+
+def _remove(path: Path) -> None:
+    """A partial file, if there is one (below a file or in a missing folder there is not)."""
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
