@@ -20,6 +20,13 @@ from rlsched.cluster.errors import ConfigError
 MAX_TRAJECTORIES = 10_000_000
 
 
+def check_trajectory_count(tasks: int, samples: int) -> None:
+    """The one bound on a generated trace's size (presets and ``trace gen --like``)."""
+    if tasks * samples > MAX_TRAJECTORIES:
+        raise ConfigError(f"--tasks x --samples = {tasks} x {samples}: expected at most "
+                          f"{MAX_TRAJECTORIES:,} trajectories")
+
+
 @dataclass(frozen=True)
 class GenParams:
     """Knobs of :func:`~rlsched.traces.generate.generate_trace` (units in the names).
@@ -106,9 +113,7 @@ class GenParams:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"GenParams.{name}={value!r} — expected a whole number >= 1")
-        if self.tasks * self.samples > MAX_TRAJECTORIES:
-            raise ConfigError(f"GenParams.tasks x samples = {self.tasks} x {self.samples} — expected at most "
-                              f"{MAX_TRAJECTORIES:,} trajectories (trace gen: --tasks x --samples)")
+        check_trajectory_count(self.tasks, self.samples)
         for name in ("long_frac", "tool_tail_frac", "env_slow_frac", "branch_frac",
                      "success_rate"):
             value = getattr(self, name)

@@ -108,15 +108,13 @@ def _gen_like(like: Path, out: Path, seed: int, tasks: int | None, samples: int 
     """Fit length distributions of ``like`` (scipy.stats) and sample a larger trace."""
     from rlsched.cli.trace_import import fit_report_table
     from rlsched.traces.fit import compare_distributions, fit_trace
-    from rlsched.traces.presets import MAX_TRAJECTORIES
+    from rlsched.traces.presets import check_trajectory_count
 
     tasks, samples = 64 if tasks is None else tasks, 8 if samples is None else samples
     for flag, value in (("--tasks", tasks), ("--samples", samples)):
         if value < 1:
             raise ConfigError(f"{flag}={value}: expected a whole number >= 1")
-    if tasks * samples > MAX_TRAJECTORIES:
-        raise ConfigError(f"--tasks x --samples = {tasks} x {samples}: expected at most "
-                          f"{MAX_TRAJECTORIES:,} trajectories")
+    check_trajectory_count(tasks, samples)
     real = load_trace(like)
     model, report = fit_trace(real, seed=seed)
     df = model.generate(seed=seed, tasks=tasks, samples=samples)
