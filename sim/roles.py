@@ -49,6 +49,8 @@ class Roles:
         self._group_seq = 0
         self._switch_gid: dict[int, int] = {}
         self._engine_switch: dict[int, tuple[int, Role]] = {}
+        # engine -> [(GPUs, group, version)] landed in rollout, waiting for a partner
+        self._parked: dict[int, list[tuple[tuple[int, ...], int, int]]] = {}
 
     def attach(self, queue: TrainerQueue) -> None:
         self.queue = queue
@@ -161,32 +163,106 @@ class Roles:
             gpus = tuple(g for g in gpus if switch_gid.get(g) == gid)
             if not gpus:
                 return
+        if role is Role.ROLLOUT:
+            self._land_rollout(gpus, gid, version)
+            return
+        if self._parked:  # a partner of GPUs waiting for their engine went elsewhere
+            for e in {st.engine_of(g) for g in gpus}:
+                self._unpark_lost(e)
         st.set_roles(gpus, role)
         for g in gpus:
             del switch_gid[g]
-        if role is Role.ROLLOUT:
-            for e in sorted({st.engine_of(g) for g in gpus}):
-                # (a partner still switching must be switching to rollout: one that failed
-                # during the switch and recovered may since have been sent to train)
-                if all(st.roles[x] is Role.ROLLOUT or self._switching_to(x) is Role.ROLLOUT
-                       for x in st.engine_gpus(e)):
-                    self.core.open_engine(e, version)
-                else:  # a GPU of the engine failed during the switch: no engine, these idle
-                    self._orphaned(tuple(g for g in gpus if st.engine_of(g) == e), gid)
-        elif role is Role.TRAIN:
+        if role is Role.TRAIN:
             self.training.trainer.add(gpus)
             self.gpus.set(gpus, GpuState.TRAIN_IDLE, now)
         else:
             self.gpus.set(gpus, GpuState.IDLE, now)
+        self._ended(gpus, gid, role)
+        if role is Role.TRAIN:
+            self.queue.next()
+
+    def _ended(self, gpus: tuple[int, ...], gid: int, role: Role) -> None:
+        """GPUs of group ``gid`` are done switching: the group reports once its last is."""
         if self.rec is not None:
-            self.rec.event(now, "SwitchEnd", detail=f"{role.value} {ids_text(gpus)}")
+            self.rec.event(self.core.now, "SwitchEnd", detail=f"{role.value} {ids_text(gpus)}")
         grp = self._switch_groups[gid]
         grp[0] -= len(gpus)
         if grp[0] == 0:
             del self._switch_groups[gid]
             self.core.emit(RolesChanged(tuple(grp[1]), grp[2]))
-        if role is Role.TRAIN:
-            self.queue.next()
+
+    def _land_rollout(self, gpus: tuple[int, ...], gid: int, version: int) -> None:
+        """GPUs finished switching to rollout. An engine opens once every GPU of it has: a
+        GPU whose partner is still on its way (switching to rollout, or waiting for the
+        trainer's job to end first) waits, SWITCHING, in ``_parked``. (Opened with the first
+        GPU, an engine of tp 2 served while its other half still switched, and the policy,
+        shown it as an engine, sent that half on again: an illegal Reassign under GPU
+        faults.) One whose partner is not coming (failed, or sent elsewhere) goes IDLE."""
+        st = self.state
+        parked = self._parked
+        opening: list[int] = []
+        lost: list[int] = []
+        done: list[int] = []  # this call's GPUs that end their switch now
+        for e in sorted({st.engine_of(g) for g in gpus}):
+            mine = tuple(g for g in gpus if st.engine_of(g) == e)
+            held = set(mine).union(*(gs for gs, _, _ in parked.get(e, ())))
+            others = [x for x in st.engine_gpus(e) if x not in held and st.roles[x] is not Role.ROLLOUT]
+            if others and all(self._coming(x) for x in others):
+                parked.setdefault(e, []).append((mine, gid, version))
+                continue
+            (lost if others else opening).append(e)
+            done.extend(mine)
+        if not done:
+            return
+        ended = tuple(g for g in gpus if g in set(done))
+        waited = {e: parked.pop(e) for e in opening + lost if e in parked}
+        st.set_roles(ended, Role.ROLLOUT)
+        for gs, _, _ in (x for entries in waited.values() for x in entries):
+            st.set_roles(gs, Role.ROLLOUT)
+        switch_gid = self._switch_gid
+        for g in ended:
+            del switch_gid[g]
+        for gs, _, _ in (x for entries in waited.values() for x in entries):
+            for g in gs:
+                del switch_gid[g]
+        for e in sorted(opening + lost):
+            if e in opening:
+                # (weights load as an engine starts, which is when its last GPU's switch
+                # started: the newest version any of them took)
+                v = max([version, *(v for _, _, v in waited.get(e, ()))])
+                self.core.open_engine(e, v)
+            else:  # a GPU of the engine failed during the switch: no engine, these idle
+                self._orphaned(tuple(g for g in ended if st.engine_of(g) == e), gid)
+                for gs, g_id, _ in waited.get(e, ()):
+                    self._orphaned(gs, g_id)
+        self._ended(ended, gid, Role.ROLLOUT)
+        for gs, g_id, _ in (x for e in sorted(waited) for x in waited[e]):
+            self._ended(gs, g_id, Role.ROLLOUT)
+
+    def _coming(self, g: int) -> bool:
+        """Is GPU ``g`` on its way to rollout (switching there, or a trainer GPU sent there
+        that waits for the running job)? (One that failed during its switch and recovered
+        may since have been sent elsewhere.)"""
+        if self._switching_to(g) is Role.ROLLOUT:
+            return True
+        leaving = self.state.leaving_train.get(g)
+        return leaving is not None and leaving[1] is Role.ROLLOUT
+
+    def _unpark_lost(self, e: int, failed: int | None = None) -> None:
+        """A GPU of engine ``e`` will not join it (``failed``, or sent elsewhere): the GPUs
+        of ``e`` waiting for it go IDLE and their groups report."""
+        entries = self._parked.pop(e, None)
+        if not entries:
+            return
+        for gs, gid, _ in entries:
+            gs = tuple(g for g in gs if g != failed)
+            if not gs:
+                continue
+            self.state.set_roles(gs, Role.ROLLOUT)
+            for g in gs:
+                del self._switch_gid[g]
+            self._orphaned(gs, gid)
+            self._ended(gs, gid, Role.ROLLOUT)
 
     def _switching_to(self, g: int) -> Role | None:
         """The role GPU ``g`` is switching to (None: it is not switching)."""
@@ -212,12 +288,16 @@ class Roles:
         gid = self._switch_gid.pop(g, None)
         if gid is not None:
             self.group_drop(gid, g)
+        if self._parked:  # (its engine's GPUs waiting for it, or it waiting for them)
+            self._unpark_lost(self.state.engine_of(g), g)
 
     def cut_leaving(self, g: int) -> None:
         """Trainer GPU ``g`` failed while waiting to leave: its group reports without it."""
         leaving = self.state.cancel_leaving(g)
         if leaving is not None:
             self.group_drop(leaving[0], g)
+            if self._parked:
+                self._unpark_lost(self.state.engine_of(g), g)
 
     def group_drop(self, gid: int, g: int) -> None:
         """GPU ``g`` will not finish its switch (it failed): the group reports without it."""

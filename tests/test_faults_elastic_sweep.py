@@ -68,3 +68,19 @@ def test_a_run_the_fault_sweep_broke_completes(shipped, gpus, tp, seed, spec, wh
     stale = max(t.trained_version - t.min_version for t in r.state.trajs.values()
                 if t.status.value == "trained" and t.min_version >= 0)
     assert stale <= policy.max_staleness, why
+
+
+@pytest.mark.parametrize(("gpus", "seed"), [(12, 5), (16, 9), (24, 1)])
+def test_an_engine_half_still_switching_is_not_sent_on(shipped, gpus, seed):
+    """Session 18's sweep (GPU failures 12 times an hour, tp 2, 10 seeds): the simulator
+    opened an engine when its first GPU's switch to rollout ended, its other GPU (idle
+    after a failure, it had switched later) still switching; elastic, shown an engine,
+    sent both to the trainer: "Reassign of GPU N, which is already switching" (5 of 250
+    runs, all of this spec). An engine now opens when its last GPU lands."""
+    w, b = shipped
+    spec = "elastic:staleness=2,cut=1,pack=64"
+    faults = FaultSchedule((Fault("gpu", per_hour=12.0), Fault("tool", per_hour=60.0),
+                            Fault("trainer", per_hour=3.0), Fault("sync", per_hour=6.0)), seed=seed)
+    out = simulate(w, b, make_policy(spec), RunConfig(gpus=gpus, tp=2, steps=4, tasks_per_step=8,
+                                                      check=True, faults=faults), default_cost())
+    assert out.result.complete and out.result.state.version == 4
