@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from rlsched.cluster.events import RolesChanged
 from rlsched.cluster.ids import Drain, GpuState, Role
+from rlsched.cluster.loop.assembly import Assembly
 from rlsched.cluster.loop.trainer_queue import TrainerQueue
 from rlsched.cluster.record import ids_text
 
@@ -49,8 +50,7 @@ class Roles:
         self._group_seq = 0
         self._switch_gid: dict[int, int] = {}
         self._engine_switch: dict[int, tuple[int, Role]] = {}
-        # engine -> [(GPUs, group, version)] landed in rollout, waiting for a partner
-        self._parked: dict[int, list[tuple[tuple[int, ...], int, int]]] = {}
+        self._assembly = Assembly()  # GPUs landed in rollout, waiting for their engine's rest
 
     def attach(self, queue: TrainerQueue) -> None:
         self.queue = queue
@@ -166,9 +166,9 @@ class Roles:
         if role is Role.ROLLOUT:
             self._land_rollout(gpus, gid, version)
             return
-        if self._parked:  # a partner of GPUs waiting for their engine went elsewhere
-            for e in {st.engine_of(g) for g in gpus}:
-                self._unpark_lost(e)
+        if self._assembly.waiting:  # a partner of GPUs waiting for their engine went elsewhere
+            for g in gpus:
+                self._unpark_lost(g)
         st.set_roles(gpus, role)
         for g in gpus:
             del switch_gid[g]
@@ -192,72 +192,34 @@ class Roles:
             self.core.emit(RolesChanged(tuple(grp[1]), grp[2]))
 
     def _land_rollout(self, gpus: tuple[int, ...], gid: int, version: int) -> None:
-        """GPUs finished switching to rollout. An engine opens once every GPU of it has: a
-        GPU whose partner is still on its way (switching to rollout, or waiting for the
-        trainer's job to end first) waits, SWITCHING, in ``_parked``. (Opened with the first
-        GPU, an engine of tp 2 served while its other half still switched, and the policy,
-        shown it as an engine, sent that half on again: an illegal Reassign under GPU
-        faults.) One whose partner is not coming (failed, or sent elsewhere) goes IDLE."""
+        """GPUs finished switching to rollout: an engine opens once every GPU of it has
+        (:mod:`rlsched.cluster.loop.assembly`); until then these wait, SWITCHING."""
         st = self.state
-        parked = self._parked
-        opening: list[int] = []
-        lost: list[int] = []
-        done: list[int] = []  # this call's GPUs that end their switch now
-        for e in sorted({st.engine_of(g) for g in gpus}):
-            mine = tuple(g for g in gpus if st.engine_of(g) == e)
-            held = set(mine).union(*(gs for gs, _, _ in parked.get(e, ())))
-            others = [x for x in st.engine_gpus(e) if x not in held and st.roles[x] is not Role.ROLLOUT]
-            if others and all(self._coming(x) for x in others):
-                parked.setdefault(e, []).append((mine, gid, version))
-                continue
-            (lost if others else opening).append(e)
-            done.extend(mine)
-        if not done:
+        formed = self._assembly.land(st, gpus, gid, version, self._switching_to)
+        if not formed:
             return
-        ended = tuple(g for g in gpus if g in set(done))
-        waited = {e: parked.pop(e) for e in opening + lost if e in parked}
-        st.set_roles(ended, Role.ROLLOUT)
-        for gs, _, _ in (x for entries in waited.values() for x in entries):
-            st.set_roles(gs, Role.ROLLOUT)
+        parts = [p for f in formed for p in f.parts]
         switch_gid = self._switch_gid
-        for g in ended:
-            del switch_gid[g]
-        for gs, _, _ in (x for entries in waited.values() for x in entries):
+        for gs, _, _ in parts:
+            st.set_roles(gs, Role.ROLLOUT)
             for g in gs:
                 del switch_gid[g]
-        for e in sorted(opening + lost):
-            if e in opening:
-                # (weights load as an engine starts, which is when its last GPU's switch
-                # started: the newest version any of them took)
-                v = max([version, *(v for _, _, v in waited.get(e, ()))])
-                self.core.open_engine(e, v)
+        for f in formed:
+            if f.opens:
+                self.core.open_engine(f.engine, f.version)
             else:  # a GPU of the engine failed during the switch: no engine, these idle
-                self._orphaned(tuple(g for g in ended if st.engine_of(g) == e), gid)
-                for gs, g_id, _ in waited.get(e, ()):
+                for gs, g_id, _ in f.parts:
                     self._orphaned(gs, g_id)
-        self._ended(ended, gid, Role.ROLLOUT)
-        for gs, g_id, _ in (x for e in sorted(waited) for x in waited[e]):
-            self._ended(gs, g_id, Role.ROLLOUT)
+        done = {g for f in formed for g in f.parts[0][0]}  # (this landing's part comes first)
+        self._ended(tuple(g for g in gpus if g in done), gid, Role.ROLLOUT)
+        for f in formed:
+            for gs, g_id, _ in f.parts[1:]:
+                self._ended(gs, g_id, Role.ROLLOUT)
 
-    def _coming(self, g: int) -> bool:
-        """Is GPU ``g`` on its way to rollout (switching there, or a trainer GPU sent there
-        that waits for the running job)? (One that failed during its switch and recovered
-        may since have been sent elsewhere.)"""
-        if self._switching_to(g) is Role.ROLLOUT:
-            return True
-        leaving = self.state.leaving_train.get(g)
-        return leaving is not None and leaving[1] is Role.ROLLOUT
-
-    def _unpark_lost(self, e: int, failed: int | None = None) -> None:
-        """A GPU of engine ``e`` will not join it (``failed``, or sent elsewhere): the GPUs
-        of ``e`` waiting for it go IDLE and their groups report."""
-        entries = self._parked.pop(e, None)
-        if not entries:
-            return
-        for gs, gid, _ in entries:
-            gs = tuple(g for g in gs if g != failed)
-            if not gs:
-                continue
+    def _unpark_lost(self, gpu: int) -> None:
+        """``gpu`` will not join its engine (failed, or landed in another role): the GPUs of
+        the engine waiting for it go IDLE and their groups report."""
+        for gs, gid, _ in self._assembly.lost(self.state, gpu):
             self.state.set_roles(gs, Role.ROLLOUT)
             for g in gs:
                 del self._switch_gid[g]
@@ -288,16 +250,14 @@ class Roles:
         gid = self._switch_gid.pop(g, None)
         if gid is not None:
             self.group_drop(gid, g)
-        if self._parked:  # (its engine's GPUs waiting for it, or it waiting for them)
-            self._unpark_lost(self.state.engine_of(g), g)
+        self._unpark_lost(g)  # (its engine's GPUs waiting for it, or it waiting for them)
 
     def cut_leaving(self, g: int) -> None:
         """Trainer GPU ``g`` failed while waiting to leave: its group reports without it."""
         leaving = self.state.cancel_leaving(g)
         if leaving is not None:
             self.group_drop(leaving[0], g)
-            if self._parked:
-                self._unpark_lost(self.state.engine_of(g), g)
+            self._unpark_lost(g)
 
     def group_drop(self, gid: int, g: int) -> None:
         """GPU ``g`` will not finish its switch (it failed): the group reports without it."""

@@ -210,6 +210,7 @@ def _fail_trainer_gpu(h: LiveDriver, g: int) -> str:
     leaving = h.st.cancel_leaving(g)
     if leaving is not None:
         roles._group_drop(leaving[0], g)
+        roles.partner_lost(g)  # (GPUs of its engine that went ahead to rollout wait no more)
     roles.trainer_slots = [s for s in roles.trainer_slots if s != g]
     h.lane.crash()
     lost = h.training.abort_step()

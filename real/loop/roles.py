@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlsched.cluster.events import RolesChanged, WorkerFailed, WorkerRecovered
 from rlsched.cluster.ids import Drain, GpuState, Role, TrajStatus
+from rlsched.cluster.loop.assembly import Assembly, Part
 from rlsched.cluster.record import ids_text
 from rlsched.cluster.state import EngineState
 from rlsched.real.loop.ray_cluster import slots_options, wait_ready
@@ -32,6 +33,8 @@ class Roles:
         self.h = host
         self._groups: dict[int, list] = {}  # Reassign id -> [GPUs still to arrive, gpus, role, t0]
         self._engine_switch: dict[int, tuple[int, Role]] = {}
+        self._target: dict[int, Role] = {}  # GPU switching -> the role it switches to
+        self._assembly = Assembly()  # GPUs landed in rollout, waiting for their engine's rest
         self.trainer_slots: list[int] = []
         self.lane_ops = 0  # trainer membership changes in flight
         self._seq = 0
@@ -104,13 +107,14 @@ class Roles:
         st, now = h.st, h.now()
         leaving_train = [g for g in gpus if st.roles[g] is Role.TRAIN]
         st.set_roles(gpus, Role.SWITCHING)
+        self._target.update(dict.fromkeys(gpus, role))
         h.timeline.set(gpus, GpuState.SWITCH, now)
         h.rec.event(now, "SwitchStart", detail=f"{role.value} {ids_text(gpus)}")
         t0 = time.perf_counter()
 
         def arrive(_: Any = None) -> None:
             if role is Role.ROLLOUT:
-                self._boot_engines(gpus, gid, t0)
+                self._land_rollout(gpus, gid, t0)
             elif role is Role.TRAIN:
                 self.trainer_slots = sorted({*self.trainer_slots, *gpus})
                 self._lane_op(self.trainer_slots, lambda r: self._end_switch(gpus, gid, role, t0))
@@ -142,38 +146,72 @@ class Roles:
 
         h.submit(fut, done)
 
-    def _boot_engines(self, gpus: tuple[int, ...], gid: int, t0: float) -> None:
+    def _land_rollout(self, gpus: tuple[int, ...], gid: int, t0: float) -> None:
+        """GPUs are free for rollout: an engine boots once every GPU of it is
+        (:mod:`rlsched.cluster.loop.assembly`); until then these wait, SWITCHING. (Booted on
+        the first, an engine's actor claimed its partner's slot while the partner still
+        trained, and the partner's own arrival booted a second actor for the same engine.)"""
+        st = self.h.st
+        for f in self._assembly.land(st, gpus, gid, st.version, self._target.get):
+            if f.opens:
+                self._boot_engine(f.engine, f.parts, t0)
+            else:  # a GPU of the engine failed or went elsewhere: these cannot form it
+                for gs, g_id, _ in f.parts:
+                    self._orphan(gs, g_id, t0)
+
+    def partner_lost(self, gpu: int, t0: float | None = None) -> None:
+        """``gpu`` will not join its engine (it failed, or went to another role): the GPUs
+        of the engine waiting for it go IDLE."""
+        for gs, gid, _ in self._assembly.lost(self.h.st, gpu):
+            self._orphan(gs, gid, time.perf_counter() if t0 is None else t0)
+
+    def _orphan(self, gpus: tuple[int, ...], gid: int, t0: float) -> None:
+        """GPUs that switched to rollout but cannot form their engine go IDLE; their group
+        reports without them (as the simulator's ``Roles._orphaned``)."""
+        grp = self._groups.get(gid)
+        if grp is not None:
+            grp[1] = tuple(x for x in grp[1] if x not in gpus)
+        self._end_switch(gpus, gid, Role.IDLE, t0)
+
+    def _boot_engine(self, e: int, parts: tuple[Part, ...], t0: float) -> None:
+        """Start engine ``e``'s actor on its GPUs, every one of which has arrived; once it is
+        ready, each switch group that brought GPUs to it reports them."""
         h = self.h
         pub = h.lane.weights.current
         version = pub.version - h.base if pub is not None else 0  # the driver counts from base
-        for e in sorted({h.st.engine_of(g) for g in gpus}):
-            egpus = h.st.engine_gpus(e)
-            actor = h.actor_cls.options(**slots_options(egpus, gpus=h.cluster.gpus)).remote(
-                h.engine_settings, engine_id=e, version=version)
+        egpus = h.st.engine_gpus(e)
+        actor = h.actor_cls.options(**slots_options(egpus, gpus=h.cluster.gpus)).remote(
+            h.engine_settings, engine_id=e, version=version)
 
-            def boot(actor: Any = actor, egpus: tuple[int, ...] = egpus, e: int = e) -> dict:
-                import ray
+        def boot() -> dict:
+            import ray
 
-                info = wait_ready(actor.info.remote(), f"engine {e}", egpus, h.settings.start_timeout_s)
-                if pub is not None:
-                    info["sync"] = ray.get(actor.update_weights.remote(pub.ref, version))
-                    info["version"] = version
-                return info
+            info = wait_ready(actor.info.remote(), f"engine {e}", egpus, h.settings.start_timeout_s)
+            if pub is not None:
+                info["sync"] = ray.get(actor.update_weights.remote(pub.ref, version))
+                info["version"] = version
+            return info
 
-            def booted(info: dict, e: int = e, actor: Any = actor, egpus: tuple[int, ...] = egpus) -> None:
-                h.stats["engine_start"].append(info["start_seconds"])
-                h.rec.event(h.now(), "EngineStart", engine=e, version=info["version"],
-                            detail=f"{info['start_seconds']:.2f}s pid={info['pid']}")
-                h.rollout.engines[e] = EngineHandle(e, egpus, actor, info["version"], info["kv_capacity"])
-                h.st.add_engine(EngineState(e, egpus, info["version"], info["kv_capacity"]))
-                self._end_switch(egpus, gid, Role.ROLLOUT, t0)
+        def booted(info: dict) -> None:
+            h.stats["engine_start"].append(info["start_seconds"])
+            h.rec.event(h.now(), "EngineStart", engine=e, version=info["version"],
+                        detail=f"{info['start_seconds']:.2f}s pid={info['pid']}")
+            h.rollout.engines[e] = EngineHandle(e, egpus, actor, info["version"], info["kv_capacity"])
+            h.st.add_engine(EngineState(e, egpus, info["version"], info["kv_capacity"]))
+            for gs, gid, _ in parts:
+                self._end_switch(gs, gid, Role.ROLLOUT, t0)
 
-            h.bg(boot, cb=booted)
+        h.bg(boot, cb=booted)
 
     def _end_switch(self, gpus: tuple[int, ...], gid: int, role: Role, t0: float) -> None:
         h = self.h
         st, now = h.st, h.now()
         st.set_roles(gpus, role)
+        for g in gpus:
+            self._target.pop(g, None)
+        if role is not Role.ROLLOUT and self._assembly.waiting:
+            for g in gpus:  # (a partner of GPUs waiting for their engine went elsewhere)
+                self.partner_lost(g, t0)
         if role is Role.ROLLOUT:
             for e in sorted({st.engine_of(g) for g in gpus}):
                 h.rollout.touch(e)
