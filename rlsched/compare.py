@@ -1,9 +1,16 @@
 """``rlsched compare``: every policy replays the same tasks on the same cost model.
 
 Everything a user can get wrong (trace, config, policy specs, cost file, output folder)
-is checked before the first simulation starts, and results are written to a temporary
+is checked before the first simulation starts -- each spec's first decision included, made
+on the run's own starting cluster (:func:`preflight`), so a spec that cannot run there is
+refused before the policies ahead of it ran -- and results are written to a temporary
 sibling folder that is renamed into place only when complete -- so a failed compare
 never leaves a half-written output directory.
+
+A policy that fails during its run after others finished does not cost their runs, which
+may have taken hours: the finished runs are published with their ``summary.csv`` (and the
+report), the failed run's half-written record is dropped, the policies after it are not
+run, and :class:`RunFailed` says which failed, why, and what was kept.
 
 Outputs are a function of the inputs: replaying the same compare gives the same bytes
 in every file (``summary.csv``, the run records, the report) except ``timing.csv``, which
@@ -15,11 +22,13 @@ simulated is worth keeping: the simulator stops where it is, and compare stops t
 (the policies not yet run are not started). The runs finished so far and the interrupted
 one, its record marked ``complete: false``, are published with their ``summary.csv`` rows
 (column ``complete``); the report is skipped, and :class:`Interrupted` says what was kept.
+A Ctrl-C while the report of finished runs is written keeps the runs the same way.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import tempfile
@@ -31,11 +40,14 @@ from pathlib import Path
 import pandas as pd
 
 from rlsched.cluster.config import RunConfig
-from rlsched.cluster.errors import ConfigError, Interrupted
+from rlsched.cluster.errors import ConfigError, Interrupted, PolicyError, RlschedError
+from rlsched.cluster.events import RunStarted
 from rlsched.policies import canonical_spec, make_policy
+from rlsched.policies.plugins import PluginError
 from rlsched.sim.cost import CostModel
+from rlsched.sim.driver import SimDriver
 from rlsched.sim.run import simulate
-from rlsched.sim.workload import replay_workload
+from rlsched.sim.workload import Batches, Workload, replay_workload
 
 SUMMARY_COLUMNS = (
     "policy", "steps", "sim_seconds", "trained_tokens", "gpu_utilization", "max_staleness",
@@ -52,6 +64,19 @@ class ComparePlan:
     specs: tuple[str, ...]
     config: RunConfig
     cost: CostModel
+
+
+class RunFailed(RlschedError):
+    """A policy's run failed after earlier ones finished, and those were published.
+
+    An error of its own so that the one line says what was kept as well as what failed;
+    ``__cause__`` is the run's own error, ``spec`` the failed policy as given and
+    ``summary`` the finished runs' summary.csv rows (the command line still shows them)."""
+
+    def __init__(self, message: str, spec: str, summary: pd.DataFrame) -> None:
+        super().__init__(message)
+        self.spec = spec
+        self.summary = summary
 
 
 def run_dir_name(spec: str, index: int) -> str:
@@ -134,15 +159,19 @@ def compare(
     """Run every policy of ``plan``; write run records, summary.csv and the report.
 
     Raises :class:`Interrupted` after publishing what was simulated when Ctrl-C stopped a
-    run (see the module docstring), ``KeyboardInterrupt`` when nothing was kept."""
+    run (see the module docstring), ``KeyboardInterrupt`` when nothing was kept;
+    :class:`RunFailed` after publishing the finished runs when a later policy failed (the
+    first one's error as it is: nothing was kept)."""
     policies = [make_policy(s) for s in plan.specs]  # fail on a bad spec before any work
     cfg = plan.config
     workload, batches = replay_workload(plan.trace_path, cfg.steps, cfg.tasks_per_step, cfg.samples_per_task)
+    preflight(plan, workload, batches)
     tmp = prepare_out_dir(out, force, inputs=(plan.trace_path,))
     timing: list[tuple[str, str, str, float]] = []  # (part, policy, run_dir, wall seconds)
     try:
         run_dirs: list[Path] = []
         stopped: tuple[int, str] | None = None  # (index of the policy stopped, what happened)
+        failed: tuple[int, Exception] | None = None  # (index of the policy that failed, its error)
         for i, policy in enumerate(policies):
             spec = canonical_spec(policy)
             rd = tmp / "runs" / run_dir_name(plan.specs[i], i)
@@ -161,6 +190,14 @@ def compare(
                 shutil.rmtree(rd, ignore_errors=True)
                 stopped = (i, f"{plan.specs[i]} was stopped while its run record was being written")
                 break
+            except Exception as exc:
+                if not run_dirs:
+                    raise  # (nothing finished to keep: the error as it is, no output)
+                # its record has no meta.json (written last), so it would not count as a run
+                # (cluster.record.runs_in); its tables are half written: dropped, not kept
+                shutil.rmtree(rd, ignore_errors=True)
+                failed = (i, exc)
+                break
             run_dirs.append(rd)
             timing.append(("simulate", plan.specs[i], _rel_run(rd, tmp), time.perf_counter() - t0))
             r = outcome.result
@@ -170,34 +207,103 @@ def compare(
                 break
         if stopped is not None and not run_dirs:
             raise KeyboardInterrupt
-        t0 = time.perf_counter()
-        if report and stopped is None:
-            from rlsched.analysis.report import collect, write_collected
-
-            # each record's intervals are read once, for the summary and the report alike
-            tables, figures = collect(run_dirs, tmp)
-            summary = _ordered(tables.summary.assign(policy=list(plan.specs[: len(run_dirs)])))
-            summary.to_csv(tmp / "summary.csv", index=False)
-            write_collected(tables, figures, tmp, title=f"rlsched compare: {plan.trace_path.name}")
-            timing.append(("report", "", "", time.perf_counter() - t0))
-        else:
-            summary = _summary(plan, run_dirs)
-            summary.to_csv(tmp / "summary.csv", index=False)
-            timing.append(("summary", "", "", time.perf_counter() - t0))
+        # (every run kept is complete unless stopped: a failed one is not kept)
+        summary, reported = _write_summary(plan, run_dirs, tmp, report and stopped is None, timing)
         pd.DataFrame(timing, columns=list(TIMING_COLUMNS)).to_csv(tmp / "timing.csv", index=False)
         publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    make_one = f"no report (make one with: rlsched report {out}/runs/* --out DIR)"
     if stopped is not None:
         not_run = plan.specs[stopped[0] + 1:]
         raise Interrupted(
             f"{stopped[1]}; wrote {len(run_dirs)} run record(s) and summary.csv to {out} "
             f"(incomplete runs have complete=False)"
             + (f"; not run: {', '.join(not_run)}" if not_run else "")
-            + f"; no report (make one with: rlsched report {out}/runs/* --out DIR)"
+            + f"; {make_one}"
         )
+    if failed is not None:
+        _raise_failed(plan, out, failed, summary, reported)
+    if report and not reported:
+        raise Interrupted(f"stopped while the report was being written; wrote {len(run_dirs)} run "
+                          f"record(s) and summary.csv to {out}; {make_one}")
     return summary
+
+
+def _write_summary(plan: ComparePlan, run_dirs: Sequence[Path], tmp: Path, report: bool,
+                   timing: list[tuple[str, str, str, float]]) -> tuple[pd.DataFrame, bool]:
+    """Write summary.csv into ``tmp``, with the report when ``report``; return the summary
+    and whether the report was written. A Ctrl-C while the report is made drops what of it
+    was written and writes summary.csv alone: the runs are worth keeping without it."""
+    t0 = time.perf_counter()
+    if report:
+        from rlsched.analysis.report import collect, write_collected
+
+        before = set(tmp.iterdir())
+        try:
+            # each record's intervals are read once, for the summary and the report alike
+            tables, figures = collect(run_dirs, tmp)
+            summary = _ordered(tables.summary.assign(policy=list(plan.specs[: len(run_dirs)])))
+            summary.to_csv(tmp / "summary.csv", index=False)
+            write_collected(tables, figures, tmp, title=f"rlsched compare: {plan.trace_path.name}")
+            timing.append(("report", "", "", time.perf_counter() - t0))
+            return summary, True
+        except KeyboardInterrupt:
+            for part in set(tmp.iterdir()) - before:  # (the report's files: beside runs/)
+                if part.is_dir():
+                    shutil.rmtree(part)
+                else:
+                    part.unlink()
+            t0 = time.perf_counter()
+    summary = _summary(plan, run_dirs)
+    summary.to_csv(tmp / "summary.csv", index=False)
+    timing.append(("summary", "", "", time.perf_counter() - t0))
+    return summary, False
+
+
+def _raise_failed(plan: ComparePlan, out: Path, failed: tuple[int, Exception], summary: pd.DataFrame,
+                  report: bool) -> None:
+    """The end of a compare whose policy ``failed`` after others finished (published to
+    ``out``): one line for a user's error (and running out of memory), which names the
+    failed policy, its error and what was kept; a bug's own exception, with the same
+    words as a note, since its traceback is what a bug report needs."""
+    i, exc = failed
+    n = len(summary)
+    kept = (f"wrote {out / 'summary.csv'} with the {n} run{'s' if n != 1 else ''} that finished "
+            f"({', '.join(plan.specs[:n])})" + (" and report.html" if report else ""))
+    not_run = plan.specs[i + 1:]
+    tail = f"; not run: {', '.join(not_run)}" if not_run else ""
+    if isinstance(exc, RlschedError | MemoryError):
+        reason = str(exc) if isinstance(exc, RlschedError) else "out of memory"
+        raise RunFailed(f"policy {plan.specs[i]} failed: {reason}; {kept}{tail}", plan.specs[i],
+                        summary) from exc
+    exc.add_note(f"rlsched compare: policy {plan.specs[i]} failed; {kept}{tail}")
+    raise exc
+
+
+def preflight(plan: ComparePlan, workload: Workload, batches: Batches) -> None:
+    """Each spec's first decision, made on the run's own starting cluster before any run
+    starts: a spec that cannot run there (async's fixed split, which cannot hold the
+    trainer's memory floor on a small cluster, raises at ``RunStarted``) is refused in one
+    line naming it -- not after the policies ahead of it ran for hours.
+
+    The check is the run's own start, not a copy of what the policies compute: the same
+    driver setup (without a record), ``reset`` and ``RunStarted`` through the driver loop
+    (its commands legality-checked and applied), and no simulated time passes. An error
+    of the setup itself (a cluster below the trainer's floor) is no spec's: it is raised
+    as it is."""
+    for spec in plan.specs:
+        loop = SimDriver(workload, batches, make_policy(spec), plan.config, plan.cost).loop
+        try:
+            loop.reset_policy(random.Random(plan.config.seed))
+            loop.emit(RunStarted())
+            loop.pump()
+        except PluginError:
+            raise  # (a defect of the plugin's code, not of these settings: its own line)
+        except RlschedError as exc:
+            raise PolicyError(f"policy {spec} cannot run with these settings: {exc} "
+                              "(checked before any run; nothing was run)") from None
 
 
 def _rel_run(rd: Path, base: Path) -> str:

@@ -67,6 +67,9 @@ def test_run_without_live_simulates_one_policy(tmp_path, small_trace):
         # an empty list used to run the defaults (colocated, async) without a word
         (["--policies", ""], "--policies '': empty name in the list"),
         (["--policies", " "], "--policies ' ': empty name in the list"),
+        # (was refused only after colocated had run: async's fixed split fails at its start)
+        (["--policies", "colocated,async", "--gpus", "8", "--tp", "2"],
+         "policy async cannot run with these settings: a fixed split of 8 GPUs"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, small_trace, capsys, extra, needle):
@@ -264,3 +267,32 @@ def test_an_out_that_cannot_be_replaced_keeps_the_new_output(tmp_path, monkeypat
         publish(tmp, out)
     (kept,) = tmp_path.glob("G.new-*")
     assert (kept / "summary.csv").read_text() == "new" and (out / "old.txt").read_text() == "old"
+
+
+def test_a_spec_that_cannot_run_on_the_cluster_is_refused_before_any_run(tmp_path, small_trace, capsys,
+                                                                          monkeypatch):
+    """async's fixed split cannot hold the default preset's 8-GPU trainer floor on 8 GPUs:
+    the refusal came from async's own run, after colocated had run (hours, at scale). Each
+    spec's first decision is now made before any run: one line naming the spec, no run,
+    and the --out that --force would replace is left as it was."""
+    import rlsched.compare
+
+    ran: list[object] = []
+    real = rlsched.compare.simulate
+    monkeypatch.setattr(rlsched.compare, "simulate", lambda *a, **k: ran.append(a) or real(*a, **k))
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    args = ["compare", "--trace", str(small_trace), "--out", str(out), "--force", "--no-report",
+            "--gpus", "8", "--tp", "2", "--steps", "2", "--tasks-per-step", "4"]
+    assert main([*args, "--policies", "colocated,async"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("rlsched: error: policy async cannot run with these settings: "
+                             "a fixed split of 8 GPUs leaves the trainer 6, below its memory floor of 8")
+    assert err[0].endswith("(checked before any run; nothing was run)")
+    assert ran == []
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cmp"]
+    # the same settings run the policies that move GPUs between the roles
+    assert main([*args, "--policies", "colocated,partial,elastic"]) == 0 and len(ran) == 3

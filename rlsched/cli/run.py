@@ -80,8 +80,11 @@ def compare_cmd(
     no_report: Annotated[bool, typer.Option("--no-report", help="Skip report.html.")] = False,
     open_report: Annotated[bool, typer.Option("--open", help="Open report.html in a browser.")] = False,
 ) -> None:
-    """Replay one trace under several policies; write summary.csv, run records and a report."""
-    from rlsched.compare import ComparePlan, compare, resolve_specs
+    """Replay one trace under several policies; write summary.csv, run records and a report.
+
+    A policy that fails after others finished keeps theirs: they are written (and shown),
+    then one error line names the failed policy and what was kept."""
+    from rlsched.compare import ComparePlan, RunFailed, compare, resolve_specs
     from rlsched.ui import console_err, print_summary, step_progress
 
     cfg, run, model = resolve_settings(
@@ -90,8 +93,12 @@ def compare_cmd(
     )
     specs = resolve_specs(policy or [], policies, cfg.policies)
     plan = ComparePlan(resolve_trace_path(trace, cfg), specs, run, model)  # type: ignore[arg-type]
-    with step_progress(specs, run.steps) as progress:
-        summary = compare(plan, out, force=force, progress=progress, report=not no_report)
+    try:
+        with step_progress(specs, run.steps) as progress:
+            summary = compare(plan, out, force=force, progress=progress, report=not no_report)
+    except RunFailed as failed:  # (the finished runs' table, then main's one error line)
+        print_summary(failed.summary)
+        raise
     print_summary(summary)
     console_err().print(f"wrote {out / 'summary.csv'}")
     if not no_report:
