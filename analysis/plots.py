@@ -229,8 +229,9 @@ def plot_held_back(summary: pd.DataFrame, *, ax: Axes | None = None) -> Axes:
         left += width
     for yi in y:
         ax.text(left[yi], yi, f" {left[yi]:.3g} {unit}", va="center", ha="left", fontsize=9)
-    if len(policies) and left.max() > 0:
-        ax.set_xlim(0, left.max() * 1.25)
+    right = float(left.max()) * 1.25 if len(policies) else 0.0
+    if 0 < right < np.inf:  # (seconds near float's limit sum to inf: no finite axis to set)
+        ax.set_xlim(0, right)
     ax.set_yticks(y, policies)
     ax.invert_yaxis()
     ax.set_xlabel(f"time beyond each step's longest trajectory alone, summed over the steps ({unit})")

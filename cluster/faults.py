@@ -55,6 +55,11 @@ from typing import Any
 from .errors import ConfigError, did_you_mean, shown
 
 KINDS = ("gpu", "trainer", "tool", "sync")
+# Longest duration a schedule may give (recover_s, restart_s, tool_timeout_s, sync_retry_s):
+# about 32 years, longer than any run. A larger value is a typo or a stand-in for "never",
+# and near float's limit the run's times overflow to inf (restart_s = 1e308 made the
+# report's plots fail on an infinite axis).
+MAX_SECONDS = 1e9
 _TOP_KEYS = {"seed", "recover_s", "restart_s", "tool_timeout_s", "sync_retry_s", "fault"}
 _FAULT_KEYS = {"kind", "at", "per_hour", "gpu", "trajectory", "recover_s"}
 
@@ -98,7 +103,7 @@ class Fault:
         if self.recover_s is not None:
             if self.kind != "gpu":
                 raise ConfigError(f"{where}: recover_s= only applies to a gpu fault")
-            _check_number(f"{where}: recover_s", self.recover_s, low=0.0, positive=True)
+            _check_number(f"{where}: recover_s", self.recover_s, low=0.0, positive=True, high=MAX_SECONDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,10 +122,10 @@ class FaultSchedule:
             raise ConfigError("faults: faults must be a tuple of Fault")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"faults: seed={shown(self.seed)}: expected an integer >= 0")
-        _check_number("faults: recover_s", self.recover_s, low=0.0, positive=True)
-        _check_number("faults: restart_s", self.restart_s, low=0.0)
-        _check_number("faults: tool_timeout_s", self.tool_timeout_s, low=0.0, positive=True)
-        _check_number("faults: sync_retry_s", self.sync_retry_s, low=0.0)
+        _check_number("faults: recover_s", self.recover_s, low=0.0, positive=True, high=MAX_SECONDS)
+        _check_number("faults: restart_s", self.restart_s, low=0.0, high=MAX_SECONDS)
+        _check_number("faults: tool_timeout_s", self.tool_timeout_s, low=0.0, positive=True, high=MAX_SECONDS)
+        _check_number("faults: sync_retry_s", self.sync_retry_s, low=0.0, high=MAX_SECONDS)
 
     def __bool__(self) -> bool:
         return bool(self.faults)
@@ -179,8 +184,12 @@ def parse_faults(table: Any, source: str = "<config>") -> FaultSchedule:
         raise ConfigError(f"{source}: [faults] {str(exc).removeprefix('faults: ')}") from None
 
 
-def _check_number(where: str, v: Any, *, low: float, positive: bool = False) -> None:
+def _check_number(where: str, v: Any, *, low: float, positive: bool = False,
+                  high: float | None = None) -> None:
+    """A finite number in range, or one ConfigError line saying what is expected."""
     ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-    if not ok or v < low or (positive and v <= 0):
+    if not ok or v < low or (positive and v <= 0) or (high is not None and v > high):
         want = "a finite number > 0" if positive else f"a finite number >= {low:g}"
+        if high is not None:
+            want += f" and at most {high:g} seconds (about {high / 3.156e7:.0f} years)"
         raise ConfigError(f"{where}={shown(v)}: expected {want}")

@@ -4,7 +4,8 @@ A spec is ``NAME`` or ``NAME:key=value,key=value``; ``NAME:`` with nothing after
 is refused like any other malformed spec. Names are unique: registering a
 second class under a taken name is an error, never a silent overwrite. Third-party
 policies register through the ``rlsched.policies`` entry-point group (each entry point
-names a policy class) and are loaded on first lookup.
+names a policy class) and are loaded on first lookup, each wrapped so that its defects end
+in one line naming it (:mod:`.plugins`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import difflib
 from importlib.metadata import entry_points
 from typing import Any
 
-from rlsched.cluster.errors import PolicyError
+from rlsched.cluster.errors import PolicyError, shown
 from rlsched.cluster.policy import Param, Policy, param_values
+
+from .plugins import PluginError, exception_line, guarded, params_defect
 
 _REGISTRY: dict[str, type] = {}
 _ENTRY_POINTS_LOADED = False
@@ -25,9 +28,10 @@ def register(cls: type) -> type:
     """Class decorator: add a policy class under ``cls.name``."""
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name:
-        raise PolicyError(f"{cls.__qualname__} has no `name` class attribute")
-    if not isinstance(getattr(cls, "params", None), tuple):
-        raise PolicyError(f"policy {name}: `params` must be a tuple of Param")
+        raise PolicyError(f"{getattr(cls, '__qualname__', shown(cls))} has no `name` class attribute")
+    defect = params_defect(getattr(cls, "params", None))
+    if defect:
+        raise PolicyError(f"policy {name}: {defect}")
     if name in _REGISTRY and _REGISTRY[name] is not cls:
         raise PolicyError(
             f"policy name {name!r} is already registered by {_REGISTRY[name].__module__}."
@@ -38,18 +42,37 @@ def register(cls: type) -> type:
 
 
 def _load_entry_points() -> None:
+    """Import each plugin and register it wrapped by :func:`~.plugins.guarded`. A plugin that
+    fails to import or declares its parameters wrongly stops the lookup with one
+    :class:`~.plugins.PluginError` line (never silently skipped)."""
     global _ENTRY_POINTS_LOADED
     if _ENTRY_POINTS_LOADED:
         return
     _ENTRY_POINTS_LOADED = True
     for ep in entry_points(group=ENTRY_POINT_GROUP):
+        who = f"policy plugin {ep.name!r} ({ep.value})"
+        before = dict(_REGISTRY)
         try:
             cls = ep.load()
         except Exception as exc:  # a broken plugin must not take the CLI down silently
-            raise PolicyError(f"policy plugin {ep.name!r} ({ep.value}) failed to load: {exc}") from None
-        if getattr(cls, "name", None) in _REGISTRY and _REGISTRY[cls.name] is cls:
-            continue
-        register(cls)
+            raise PluginError(ep.name, f"{who} failed to load: {exc}") from None
+        # the entry point's class, and any class its module registered itself on import (a
+        # class registered before, such as a shipped one an entry point names, stays as it is)
+        own = [c for n, c in _REGISTRY.items() if before.get(n) is not c]
+        shipped = [c for c in before.values() if c is cls]
+        for c in own + ([cls] if not shipped and all(c is not cls for c in own) else []):
+            name = getattr(c, "name", None)
+            if isinstance(name, str) and _REGISTRY.get(name) is c:
+                del _REGISTRY[name]  # (registered by its module: registered again, guarded)
+            defect = params_defect(getattr(c, "params", None))
+            if defect:
+                raise PluginError(ep.name, f"{who}: {defect}")
+            try:
+                register(guarded(c, who) if isinstance(c, type) else c)
+            except PolicyError as err:
+                raise PluginError(ep.name, f"{who}: {err}") from None
+            except Exception as exc:  # e.g. a class that refuses to be subclassed
+                raise PluginError(ep.name, f"{who}: not a usable policy class: {exception_line(exc)}") from None
 
 
 def available() -> dict[str, type]:

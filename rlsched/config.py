@@ -21,6 +21,7 @@ from typing import Any
 from rlsched.cluster.config import LoggingConfig, RunConfig
 from rlsched.cluster.errors import ConfigError, did_you_mean, shown
 from rlsched.cluster.faults import parse_faults
+from rlsched.real.config import LiveSettings
 
 
 def parse_logging(table: Any, source: str) -> LoggingConfig:
@@ -120,11 +121,22 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> ConfigFile:
     live = data.get("live", {})
     if not isinstance(live, dict):
         raise ConfigError(f"{source}: [live] must be a table")
+    _check_live_keys(live, source)
     trace = data.get("trace")
     if trace is not None and not isinstance(trace, str):
         raise ConfigError(f"{source}: trace must be a path string")
     logging = parse_logging(data["logging"], source) if "logging" in data else LoggingConfig()
     return ConfigFile(run, dict(cost), tuple(specs), dict(live), trace, source, logging)
+
+
+def _check_live_keys(live: dict[str, Any], source: str) -> None:
+    """Refuse an unknown ``[live]`` key when the file is read, as every other table does:
+    a simulated run never builds the live settings, so a typo there went unnoticed until
+    the same file was run live (and the value meant was silently the default until then)."""
+    known = {f.name for f in fields(LiveSettings)}
+    for k in live:
+        if k not in known:
+            raise ConfigError(f"{source}: [live] unknown key {k!r}{did_you_mean(k, known)}")
 
 
 def _check_spec(spec: str, source: str, i: int) -> None:

@@ -28,6 +28,7 @@ import pandas as pd
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import InvariantViolation, PolicyError
 from rlsched.cluster.policy import Policy
+from rlsched.policies.plugins import PluginError, answer, params_defect
 from rlsched.sim.cost import CostModel
 from rlsched.sim.run import simulate
 from rlsched.sim.workload import Workload
@@ -110,7 +111,8 @@ class _Recording:
         self.inner.reset(view, rng)
 
     def on_event(self, event, view):  # type: ignore[no-untyped-def]
-        cmds = list(self.inner.on_event(event, view))
+        # (a policy that raises or answers None is reported as a FAIL line, not a traceback)
+        cmds = answer(self.inner.on_event, f"policy {self.name}", self.name, event, view)
         self.log.extend((view.now, repr(c)) for c in cmds)
         return cmds
 
@@ -127,6 +129,10 @@ def check_policy(factory: Callable[[], Policy], *, seeds: tuple[int, ...] = (0, 
             rep.problems.append(f"missing `{attr}` (see rlsched.cluster.policy.Policy)")
     if rep.problems:
         return rep
+    defect = params_defect(policy.params)
+    if defect:
+        rep.problems.append(defect)
+        return rep
     for p in policy.params:
         try:
             p.parse(p.default, policy=policy.name)
@@ -135,6 +141,7 @@ def check_policy(factory: Callable[[], Policy], *, seeds: tuple[int, ...] = (0, 
     if not isinstance(policy.max_staleness, int) or policy.max_staleness < 0:
         rep.problems.append(f"max_staleness={policy.max_staleness!r}: expected an int >= 0")
     rep.passed.append("declares name, params, max_staleness, defers")
+    defects: set[str] = set()
     for sc in scenarios():
         logs = []
         for seed in seeds[:1] * 2:
@@ -145,6 +152,11 @@ def check_policy(factory: Callable[[], Policy], *, seeds: tuple[int, ...] = (0, 
             cfg = replace(sc.config, check=True, seed=seed)
             try:
                 out = simulate(w, batches, rec, cfg, sc.cost)  # type: ignore[arg-type]
+            except PluginError as err:  # a defect of the code, not of the scenario: said once
+                if str(err) not in defects:
+                    defects.add(str(err))
+                    rep.problems.append(f"{sc.name}: {err}")
+                break
             except (PolicyError, InvariantViolation) as err:
                 rep.problems.append(f"{sc.name}: {err}")
                 break

@@ -26,6 +26,24 @@ def console_out() -> Console:
     return out if out.is_terminal else Console(width=200)
 
 
+def print_rows(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A table on stdout: a rich table on a terminal; elsewhere (a pipe, a file) plain
+    aligned columns, each row one whole line, so ``| grep``/``| cut`` see every name and
+    help text (rich squeezes and wraps a table to 80 columns off a terminal)."""
+    out = Console()
+    if out.is_terminal:
+        table = Table(title=title)
+        for c in columns:
+            table.add_column(c)
+        for row in rows:
+            table.add_row(*row)
+        out.print(table)
+        return
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    for line in (columns, *rows):
+        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+
+
 PROGRESS_SECONDS_ENV = "RLSCHED_PROGRESS_SECONDS"
 PROGRESS_SECONDS = 10.0  # off a terminal: at most one line per policy this often
 

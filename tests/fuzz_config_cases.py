@@ -26,11 +26,13 @@ from fuzz_strategies import (
 from hypothesis import strategies as st
 
 from rlsched.cluster.config import RunConfig
+from rlsched.real.config import LiveSettings
 
 _COUNTS = ("gpus", "tp", "steps", "sandbox_slots", "tasks_per_step", "samples_per_task")
 _FLAGS = ("seed", "processor", "check")
 _RUN_KEYS = tuple(f.name for f in fields(RunConfig))
 _SECTIONS = ("cluster", "run", "cost", "policy", "live", "trace", "faults")
+_LIVE_KEYS = tuple(f.name for f in fields(LiveSettings))
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,8 @@ def valid_configs(draw, *, small: bool = True) -> dict:
     if draw(st.booleans()):
         data["policy"] = [{"spec": draw(valid_specs()).spec.strip()} for _ in range(draw(st.integers(1, 2)))]
     if draw(st.booleans()):
-        data["live"] = draw(st.dictionaries(NAME, TOML_SCALARS, max_size=2))
+        # (known keys: an unknown one is refused when the file is read, live run or not)
+        data["live"] = draw(st.dictionaries(st.sampled_from(_LIVE_KEYS), TOML_SCALARS, max_size=2))
     return data
 
 
@@ -93,7 +96,7 @@ def broken_configs(draw) -> ConfigCase:
         "unknown section", "unknown key", "count of the wrong type", "flag of the wrong type",
         "zero or negative count", "gpus not a multiple of tp", "a single engine",
         "section not a table", "bad [[policy]]", "trace not a string", "unknown cost field",
-        "bad policy spec",
+        "bad policy spec", "unknown [live] key",
     ]))
     run_tables = [s for s in ("cluster", "run") if s in data] or ["run"]
     table = draw(st.sampled_from(run_tables))
@@ -102,6 +105,9 @@ def broken_configs(draw) -> ConfigCase:
         data[draw(NAME.filter(lambda k: k not in _SECTIONS))] = draw(TOML_VALUES)
     elif kind == "unknown key":
         data[table][draw(NAME.filter(lambda k: k not in _RUN_KEYS))] = draw(TOML_SCALARS)
+    elif kind == "unknown [live] key":
+        live = data["live"] if isinstance(data.get("live"), dict) else {}
+        data["live"] = {**live, draw(NAME.filter(lambda k: k not in _LIVE_KEYS)): draw(TOML_SCALARS)}
     elif kind == "count of the wrong type":
         key = draw(st.sampled_from(_COUNTS))
         _drop(data, key)

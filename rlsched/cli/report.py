@@ -30,12 +30,29 @@ def report_cmd(
     """Write DIR/report.html (self-contained: plots embedded) and summary/breakdown/bubbles/staleness CSVs."""
     from rlsched.analysis.report import write_report
 
-    path = write_report(_expand(run_dirs), default_out(run_dirs) if out is None else out, title=title)
+    dirs = _expand(run_dirs)
+    warn_if_setups_differ(dirs)
+    path = write_report(dirs, default_out(run_dirs) if out is None else out, title=title)
     typer.echo(f"report: {path}")
     if open_report:
         import webbrowser
 
         webbrowser.open(path.absolute().as_uri())
+
+
+def warn_if_setups_differ(dirs: list[Path]) -> None:
+    """One stderr line when the runs did not replay the same trace on the same cluster and
+    cost model (their report would compare setups, not just policies); said before the
+    report is built, so it is seen even if that takes a while."""
+    from rlsched.analysis.comparable import differences_line, setup_differences
+    from rlsched.cluster.record import read_run
+
+    if len(dirs) < 2:
+        return
+    heads = [read_run(d, tables=()) for d in dirs]  # (a bad folder: its one error line)
+    differences = setup_differences([(h.path, h.meta) for h in heads])
+    if differences:
+        typer.echo(f"rlsched: warning: {differences_line(differences)}", err=True)
 
 
 def default_out(run_dirs: list[Path]) -> Path:
