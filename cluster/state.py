@@ -581,6 +581,25 @@ class ClusterState:
         else:
             self.unbound.append(tid)
 
+    def may_bind(self, tid: TrajectoryId, version: int) -> bool:
+        """May the cluster bind unpinned ``tid`` to an engine holding weights ``version``?
+        Not when they are older than its step allows (``step - max_staleness``): no legal
+        schedule trains a trajectory of step s before version s, so its first token there
+        would break the policy's declared bound. (An engine that joined rollout during a
+        step's optimizer step, or whose sync failed, holds older weights than the rest: a
+        trajectory resumed onto it after a failure was trained two versions on.)"""
+        return version >= self.trajs[tid].step - self.max_staleness
+
+    def first_bindable(self, version: int) -> TrajectoryId | None:
+        """The first trajectory of the cluster queue an engine holding ``version`` may take
+        (:meth:`may_bind`), or None: the queue's order among those it may take."""
+        newest = version + self.max_staleness
+        trajs = self.trajs
+        for tid in self.unbound:
+            if trajs[tid].step <= newest:
+                return tid
+        return None
+
     def take_unbound(self, tid: TrajectoryId) -> None:
         """``tid`` leaves the cluster queue (admitted, moved, interrupted), if it is in it
         (one moved there during a tool call joins it only when the call returns)."""

@@ -34,7 +34,7 @@ from rlsched.cluster.ids import Role, TrajStatus
 from rlsched.cluster.policy import Configured, param
 from rlsched.cluster.view import ClusterView
 
-from .common import Retries, engine_split, idle_engines
+from .common import Retries, engine_split, idle_engines, refresh_new_engines
 from .registry import register
 
 
@@ -72,15 +72,18 @@ class Async(Configured):
             case RunStarted():
                 rollout, train = engine_split(view, self.config.rollout_fraction)
                 return [Reassign(rollout, Role.ROLLOUT), Reassign(train, Role.TRAIN)]
-            case RolesChanged(role=Role.ROLLOUT):
+            case RolesChanged(gpus=gpus, role=Role.ROLLOUT):
                 self._engines_ready = True
                 if not view.engines():
                     return self._repair(view)
                 retried = self._retry.flush(view)  # (not yet running: no training before them)
                 # a new engine serves the weights current when its switch started: a sync
-                # made while no engine was up (WeightsSynced with none) counts from here
+                # made while no engine was up (WeightsSynced with none) counts from here;
+                # one whose switch started before the last optimizer step ended is synced
+                # now (until then it takes only work its weights may generate)
                 self._synced = max(self._synced, self._oldest_engine_version(view))
-                return self._dispatch_up_to(self._synced, view) + (retried or self._maybe_train(view))
+                return (refresh_new_engines(view, gpus) + self._dispatch_up_to(self._synced, view)
+                        + (retried or self._maybe_train(view)))
             case RolesChanged(role=Role.TRAIN):
                 self._trainer_ready = True
                 return self._repair(view) + self._maybe_train(view)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from operator import itemgetter
 
-from rlsched.cluster.commands import Command, Dispatch, Reassign
+from rlsched.cluster.commands import Command, Dispatch, Reassign, SyncWeights
 from rlsched.cluster.errors import PolicyError
 from rlsched.cluster.ids import EngineId, GpuId, Role, TrajectoryId, TrajStatus
 from rlsched.cluster.view import ClusterView, TrainerInfo
@@ -219,3 +219,15 @@ class Retries:
         tids = tuple(t for t in self.waiting if view.status(t) is TrajStatus.INTERRUPTED)
         self.waiting.clear()
         return [Dispatch(tids)] if tids else []
+
+
+def refresh_new_engines(view: ClusterView, gpus: tuple[GpuId, ...]) -> list[Command]:
+    """A sync for the engines of ``gpus`` (just up in rollout) whose weights are older than
+    the trainer's: a driver loads an engine's weights when its switch starts, and an
+    optimizer step can end meanwhile. Until it syncs, such an engine may take only work its
+    weights may generate (``ClusterState.may_bind``)."""
+    version = view.trainer().version
+    engines = set(view.engines())  # (each engine once: an engine's GPUs arrive together)
+    stale = tuple(sorted(e for e in {view.engine_of(g) for g in gpus}
+                         if e in engines and view.engine(e).version < version))
+    return [SyncWeights(stale)] if stale else []

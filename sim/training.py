@@ -96,6 +96,9 @@ class Training:
             eng.es.syncing = False
             self.core.engine_touch(eng)
             eng.rearm(self.core.now)
+        if self.state.unbound and live:
+            # (work its old weights could not take may wait in the cluster queue)
+            self.core.place_waiting()
         if self.rec is not None:
             self.rec.event(self.core.now, "SyncEnd", version=version, detail=ids_text(live))
         self.core.emit(WeightsSynced(live, version))

@@ -109,17 +109,25 @@ class Rollout:
 
     def place_all(self) -> None:
         """Admit the cluster queue, head first, each on the least-loaded active engine
-        (running + queued, lowest id) on which it fits; stop at the first that fits
-        nowhere (FIFO), as ``sim.lifecycle.Lifecycle._place_all``."""
+        (running + queued, lowest id) on which it fits and whose weights may generate it
+        (``ClusterState.may_bind``); stop at the first that fits nowhere it may go (FIFO),
+        as ``sim.lifecycle.Lifecycle._place_all``."""
         st = self.h.st
+        skipped: list[str] = []  # (no engine up may take it: its weights too old for its step)
         while st.unbound:
             tid = st.unbound[0]
-            for e, _ in sorted(st.engine_loads(), key=lambda x: (x[1], x[0])):
+            allowed = [e for e, _ in sorted(st.engine_loads(), key=lambda x: (x[1], x[0]))
+                       if st.may_bind(tid, st.engines_[e].version)]
+            if not allowed and st.engines_:
+                skipped.append(st.unbound.popleft())
+                continue
+            for e in allowed:
                 if self._fits(e, tid):
                     self._admit_unbound(tid, e)
                     break
             else:
-                return
+                break
+        st.unbound.extendleft(reversed(skipped))
 
     def _admit_unbound(self, tid: str, e: int) -> None:
         st = self.h.st
@@ -148,8 +156,11 @@ class Rollout:
             es.set_kv(es.kv_used + need)
             st.mark_running(tid, e)
             self.start(tid)
-        while st.unbound and not es.queue and e in st.engines_ and self._fits(e, st.unbound[0]):
-            self._admit_unbound(st.unbound[0], e)
+        while st.unbound and not es.queue and e in st.engines_:
+            tid = st.unbound[0] if st.may_bind(st.unbound[0], es.version) else st.first_bindable(es.version)
+            if tid is None or not self._fits(e, tid):
+                break
+            self._admit_unbound(tid, e)
         self.touch(e)
 
     def start(self, tid: str) -> None:

@@ -181,5 +181,7 @@ class Training:
             h.st.engines_[e].syncing = False
             h.rollout.touch(e)
             h.rollout.kick(e)
+        if alive and h.st.unbound:  # (work the old weights could not take may be waiting)
+            h.rollout.place_all()
         h.rec.event(h.now(), "SyncEnd", version=version, detail=ids_text(alive))
         h.emit(WeightsSynced(alive, version))
