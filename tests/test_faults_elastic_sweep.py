@@ -15,6 +15,7 @@ import pytest
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.faults import Fault, FaultSchedule
 from rlsched.policies import make_policy
+from rlsched.sim.cost import CostModel
 from rlsched.sim.presets import default_cost
 from rlsched.sim.run import simulate
 from rlsched.sim.workload import Workload
@@ -84,3 +85,34 @@ def test_an_engine_half_still_switching_is_not_sent_on(shipped, gpus, seed):
     out = simulate(w, b, make_policy(spec), RunConfig(gpus=gpus, tp=2, steps=4, tasks_per_step=8,
                                                       check=True, faults=faults), default_cost())
     assert out.result.complete and out.result.state.version == 4
+
+
+def _faults12(seed: int) -> FaultSchedule:
+    """Session 18's harsher sweep: GPU failures 12 an hour (back in 30 s), tool hangs 60,
+    trainer crashes 6, sync failures 12."""
+    return FaultSchedule((Fault("gpu", per_hour=12.0), Fault("tool", per_hour=60.0),
+                          Fault("trainer", per_hour=6.0), Fault("sync", per_hour=12.0)),
+                         seed=seed, recover_s=30.0)
+
+
+@pytest.mark.parametrize(("gpus", "tp", "seed", "spec", "flat", "why"), [
+    # the step's optimizer step was sent, then failures left the trainer one GPU short of
+    # its floor (8 of 8 GPUs); a GPU back from a failure made an engine of its own, and
+    # consolidation, the step's training all sent, gave it nothing to do
+    (8, 1, 1, "elastic", False, "trainer below its floor with its jobs queued"),
+    # a failure took the trainer's GPUs to rollout and the step's tail was then cut: the cut
+    # trajectories, queued for the next step's weights, kept consolidation from freeing
+    # GPUs for the optimizer step that makes those weights
+    (12, 2, 1, "elastic:staleness=1,cut=0.25,cut_stop=true", False, "cut work queued for weights not yet made"),
+    (12, 1, 2, "elastic:staleness=1,cut=0.25,cut_stop=true", True, "cut work queued for weights not yet made"),
+    # no engine rolled out, the trainer held 3 GPUs of two engines of 4 whose partners
+    # idled: less than a whole engine, so nothing was taken back for the released batch
+    (8, 4, 2, "elastic:tail=0,kv_limit=1,steal=false", True, "a trainer of less than an engine never emptied"),
+])
+def test_a_run_the_harsher_sweep_stalled_completes(shipped, gpus, tp, seed, spec, flat, why):
+    w, b = shipped
+    policy = make_policy(spec)
+    out = simulate(w, b, policy, RunConfig(gpus=gpus, tp=tp, steps=4, tasks_per_step=8, check=True,
+                                           faults=_faults12(seed)), CostModel() if flat else default_cost())
+    r = out.result
+    assert r.complete and r.state.version == 4, why

@@ -64,7 +64,13 @@ from rlsched.cluster.ids import Drain, Role, TrajStatus
 from rlsched.cluster.policy import Configured
 from rlsched.cluster.view import ClusterView, TrainerInfo
 
-from ..common import idle_engines, least_loaded_gpus, trainer_fills_cluster, usable
+from ..common import (
+    idle_engines,
+    least_loaded_gpus,
+    refresh_new_engines,
+    trainer_fills_cluster,
+    usable,
+)
 from ..meter import Meter
 from ..placement import LateQueue, per_engine_cap
 from ..predict import LengthPredictor
@@ -135,7 +141,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
         match event:
             case RolesChanged(gpus=gpus, role=Role.ROLLOUT):
                 self._switches.arrive(gpus, Role.ROLLOUT, view)
-                cmds += self._refresh(view, gpus)
+                cmds += refresh_new_engines(view, gpus)
             case RolesChanged(gpus=gpus, role=role):
                 self._switches.arrive(gpus, role, view)
             case MicroBatchFinished():
@@ -198,7 +204,13 @@ class Elastic(FixedSplit, Reclaim, Configured):
             if self.config.settle and isinstance(step, MicroBatch) and isinstance(event, TrajectoryFinished):
                 step = None
                 cmds += self._settle(view)
-        if not placed and not self._queue:  # let new work settle before releasing engines
+        # let new work settle before releasing engines -- work that waits for weights the
+        # trainer has yet to make (a cut trajectory queued for the next step) does not: the
+        # trainer needs GPUs to make them (else a stall: the fault sweep, 12 GPUs of tp 2,
+        # cut_stop, seed 1 -- a failure took the trainer's GPUs to rollout, the step's tail
+        # was then cut, and its optimizer step waited for GPUs consolidation never freed)
+        if not placed and (not self._queue or all(self._min_version(st) > tr.version
+                                                  for st in self._queue.steps())):
             released = self._consolidate(view, tr)
             if isinstance(step, MicroBatch) and self._training.withhold(
                     view, len(tr.gpus), step, released, self._switches.to_train):
@@ -262,15 +274,6 @@ class Elastic(FixedSplit, Reclaim, Configured):
         if not self.config.steal:
             return []
         return self._tail.steal(view, self._rolling(), self._ahead, self._switches.engines_sent(view))
-
-    def _refresh(self, view: ClusterView, gpus: tuple[int, ...]) -> list[Command]:
-        """New engines with weights older than the trainer's (a driver may load the weights
-        when the switch starts, and an optimizer step can end meanwhile) get a sync."""
-        version = view.trainer().version
-        engines = set(view.engines())  # (each engine once: an engine's GPUs arrive together)
-        stale = tuple(sorted(e for e in {view.engine_of(g) for g in gpus}
-                             if e in engines and view.engine(e).version < version))
-        return [SyncWeights(stale)] if stale else []
 
     def _send(self, view: ClusterView, gpus: tuple[int, ...], role: Role,
               drain: Drain = Drain.MIGRATE) -> list[Command]:
@@ -372,10 +375,13 @@ class Elastic(FixedSplit, Reclaim, Configured):
     # ----------------------------------------------------------- consolidation
     def _consolidate(self, view: ClusterView, tr: TrainerInfo) -> list[Command]:
         """Release engines the live trajectories do not need, if training can use them."""
-        if self._opt_sent and (tr.gpus or not (tr.queued_micro_batches or tr.queued_optimizer_steps)):
-            # (the step's training is all sent -- unless failures emptied the trainer with
-            # its jobs queued: then it needs GPUs like any empty trainer, or the run stalls,
-            # as it did under the fault sweep, 12 GPUs, seed 36)
+        if self._opt_sent and (len(tr.gpus) + self._switches.to_trainer(view) >= tr.min_gpus
+                               or not (tr.queued_micro_batches or tr.queued_optimizer_steps)):
+            # (the step's training is all sent -- unless failures left the trainer below its
+            # memory floor with its jobs queued: then it needs GPUs like any empty trainer,
+            # or the run stalls, as it did under the fault sweep, 12 GPUs, seed 36 (emptied),
+            # and 8 GPUs of tp 1, seed 1 (a GPU back from a failure made an engine of its own
+            # and stayed in rollout, the trainer one short of its floor of 8))
             return []
         s = self._train_step
         if s >= min(self._released, view.num_steps):

@@ -68,10 +68,18 @@ class Reclaim:
         free = tuple(g for g in tr.gpus if g not in self._switches.moving or g in arriving)
         spare = (len(free) - keep) // tp
         if spare <= 0:
-            return []
-        n = spare if self._hold else min(spare, want)  # (a held split: back to its sides)
-        left = len(free) - n * tp
-        take = free[len(free) - n * tp:]
+            if view.engines() or coming or not free:
+                return []
+            # no engine rolls out and the trainer holds less than a whole engine: it is
+            # emptied -- its GPUs may complete engines with idle partners back from failures
+            # (leave_trainer), and else the queue waits forever (a stall under the fault
+            # sweep, 8 GPUs of tp 4, flat model, seed 2: GPUs 1, 5 and 7 trained while their
+            # five partners idled)
+            take, left = free, 0
+        else:
+            n = spare if self._hold else min(spare, want)  # (a held split: back to its sides)
+            left = len(free) - n * tp
+            take = free[len(free) - n * tp:]
         if 0 < left < tr.min_gpus:  # never shrink the trainer below its floor (refused)
             if keep:
                 n = (len(free) - tr.min_gpus) // tp
