@@ -49,6 +49,12 @@ class LengthPredictor:
         task's lengths blocked useful moves at seed scale: staleness 1, 5.2% slower)."""
         return self._all.only_length() == turns_done
 
+    def no_spread_seen(self) -> bool:
+        """Has every trajectory finished so far (one at least) had the same length? On a
+        trace with no length spread a batch finishes at once, which ``elastic``'s
+        ``settle_auto`` trains together."""
+        return self._all.only_length() >= 0
+
     def remaining(self, trajectory: TrajectoryId, task: TaskId, turns_done: int) -> float:
         """Expected turns still to run (> 0 for a trajectory that has not ended).
 
@@ -141,6 +147,10 @@ class OracleLengths:
     def at_end(self, task: TaskId, turns_done: int) -> bool:
         """Never: the reference moves what its true lengths rank, as before."""
         return False
+
+    def no_spread_seen(self) -> bool:
+        """Do all trajectories have one length? (It knows them all.)"""
+        return len(set(self._total.values())) <= 1
 
     def remaining(self, trajectory: TrajectoryId, task: TaskId, turns_done: int) -> float:
         total = self._total.get(trajectory)

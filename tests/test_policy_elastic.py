@@ -37,9 +37,16 @@ def _apply_dispatch(st: ClusterState, cmds) -> list[str]:
 def _rolling_out(gpus: int, tp: int, n: int, spec: str = "elastic", steps: int = 1,
                  tasks: list[str] | None = None, policy=None) -> tuple[ClusterState, object]:
     """Every GPU rolls out and the policy places the batches its staleness allows (``n``
-    trajectories each, ``T<step*n+i>``)."""
+    trajectories each, ``T<step*n+i>``).
+
+    Its trajectories finish, by hand, with one length (turns_done 0): a trace with no
+    length spread, on which the default ``settle_auto`` would defer each micro-batch to a
+    timer at the finish's instant (tested in ``test_elastic_settle.py``). The tests built
+    on this pin the other rules on their own, so it is off unless the spec sets it."""
     tasks = tasks or ["task"] * n
     batches = [[(f"T{s * n + i}", tasks[i]) for i in range(n)] for s in range(steps)]
+    if policy is None and spec.startswith("elastic") and "settle_auto" not in spec:
+        spec += (":" if ":" not in spec else ",") + "settle_auto=false"
     pol = policy or make_policy(spec)
     st = ClusterState(gpus, tp, batches, max_staleness=pol.max_staleness)
     pol.reset(st, random.Random(0))

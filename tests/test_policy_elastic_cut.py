@@ -9,9 +9,16 @@ from rlsched.cluster.commands import (
     Move,
     OptimizerStep,
     Reassign,
+    SetTimer,
     TrainMicroBatch,
 )
-from rlsched.cluster.events import RolesChanged, RunStarted, TrainStepFinished, TrajectoryFinished
+from rlsched.cluster.events import (
+    RolesChanged,
+    RunStarted,
+    TimerFired,
+    TrainStepFinished,
+    TrajectoryFinished,
+)
 from rlsched.cluster.ids import Role, TrajStatus
 from rlsched.cluster.legality import check as legality_check
 from rlsched.cluster.state import ClusterState, EngineState
@@ -114,6 +121,10 @@ def test_the_tail_is_cut_kept_running_and_trained_with_the_next_step():
     for t in tail:
         _finish(st, t)
     cmds = pol.on_event(TrajectoryFinished("T7", TrajStatus.DONE, 3), st)
+    # (every trajectory here has one length: settle_auto waits for the instant to end)
+    timers = [c for c in cmds if isinstance(c, SetTimer)]
+    if timers:
+        cmds = pol.on_event(TimerFired(timers[0].tag), st)
     (mb,) = [c for c in cmds if isinstance(c, TrainMicroBatch)]
     assert set(tail) <= set(mb.trajectories)
     assert pol.defers  # (it trains a cut trajectory with the next step)

@@ -78,3 +78,8 @@ class ElasticConfig:
                          "trajectories that finish together train together, paying one gradient reduction "
                          "instead of the first one alone (for traces whose batches finish at once: no "
                          "length spread; with train_share=0.5 there); false: it starts on the first finish")
+    settle_auto: bool = param("bool", True, "settle (above) while no length spread has been seen: "
+                              "every trajectory finished so far had the same length (then a batch finishes at "
+                              "once). On traces with spread it engages for the run's first finish only; on "
+                              "traces without, it halves how often elastic at staleness 1 falls behind the best "
+                              "async split. false: only settle=true settles")

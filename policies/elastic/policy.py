@@ -201,7 +201,8 @@ class Elastic(FixedSplit, Reclaim, Configured):
             # (a micro-batch queued while the trainer's GPUs are being handed back would
             # start on whatever GPUs it gets later: wait until it has them)
             step = self._train(view, tr)
-            if self.config.settle and isinstance(step, MicroBatch) and isinstance(event, TrajectoryFinished):
+            if (isinstance(step, MicroBatch) and isinstance(event, TrajectoryFinished) and (
+                    self.config.settle or (self.config.settle_auto and self._predictor.no_spread_seen()))):
                 step = None
                 cmds += self._settle(view)
         # let new work settle before releasing engines -- work that waits for weights the

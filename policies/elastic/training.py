@@ -168,7 +168,8 @@ class Training:
         the first of them made the step pay a second gradient reduction -- on-policy
         elastic up to 1.44% behind colocated on ``uniform`` traces, 3, 1 and 0 of three
         40-case samples over 1% (session 18; now none, worst 0.55%). (With staleness, the
-        second clause put the shipped trace's 64-GPU point 0.9% behind: not there.)"""
+        second clause put the shipped trace's 64-GPU point 0.9% behind: not there. With
+        ``join=false`` it starts at once, as before.)"""
         m = self._meter
         rate, sw = m.marginal_gpu_s_per_token, m.switch_s
         if rate is None or sw is None or gpus <= 0:
@@ -181,7 +182,7 @@ class Training:
             if used > room:
                 break
             n += 1
-        if (room <= 0 or (not n and not more and not self._config.staleness)) \
+        if self._config.join and (room <= 0 or (not n and not more and not self._config.staleness)) \
                 and any(switching_to_train(view, k) for k in to_train):
             return ()  # (it waits for them: see the docstring)
         return ready[:max(1, n)]
