@@ -6,25 +6,18 @@ import pandas as pd
 import pytest
 
 from rlsched.cli import main
-from rlsched.traces import generate_trace, write_trace
+from rlsched.traces import write_trace
 
 SMALL = ["--gpus", "16", "--steps", "2", "--tasks-per-step", "4", "--samples-per-task", "2"]
-
-
-@pytest.fixture(scope="module")
-def small_trace(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("trace") / "t.parquet"
-    write_trace(generate_trace("longtail-small", seed=3, tasks=16, samples=2), path)
-    return path
 
 
 def _compare(out: Path, trace: Path, *extra: str) -> int:
     return main(["compare", "--trace", str(trace), "--out", str(out), "--no-report", *SMALL, *extra])
 
 
-def test_compare_writes_summary_and_records(tmp_path, small_trace, capsys):
+def test_compare_writes_summary_and_records(tmp_path, compare_trace, capsys):
     out = tmp_path / "cmp"
-    assert _compare(out, small_trace, "--policies", "colocated,async,elastic,partial", "--check") == 0
+    assert _compare(out, compare_trace, "--policies", "colocated,async,elastic,partial", "--check") == 0
     s = pd.read_csv(out / "summary.csv")
     for col in ("policy", "steps", "sim_seconds", "trained_tokens", "gpu_utilization",
                 "max_staleness", "lost_trajectories", "lower_bound_seconds"):
@@ -37,11 +30,11 @@ def test_compare_writes_summary_and_records(tmp_path, small_trace, capsys):
     assert not list(tmp_path.glob(".cmp.tmp-*"))
 
 
-def test_compare_is_deterministic(tmp_path, small_trace):
+def test_compare_is_deterministic(tmp_path, compare_trace):
     a, b = tmp_path / "a", tmp_path / "b"
     spec = ["--policy", "async:rollout_fraction=0.25", "--policy", "elastic:staleness=1"]
-    assert _compare(a, small_trace, *spec) == 0
-    assert _compare(b, small_trace, *spec) == 0
+    assert _compare(a, compare_trace, *spec) == 0
+    assert _compare(b, compare_trace, *spec) == 0
     # no host time in any file but timing.csv (tests/test_deterministic.py: with the report)
     assert "wall_seconds" not in pd.read_csv(a / "summary.csv").columns
     files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file() and p.name != "timing.csv")
@@ -49,9 +42,9 @@ def test_compare_is_deterministic(tmp_path, small_trace):
     assert [f for f in files if (a / f).read_bytes() != (b / f).read_bytes()] == []
 
 
-def test_run_without_live_simulates_one_policy(tmp_path, small_trace):
+def test_run_without_live_simulates_one_policy(tmp_path, compare_trace):
     out = tmp_path / "run"
-    args = ["run", "--policy", "elastic", "--trace", str(small_trace), "--out", str(out), *SMALL]
+    args = ["run", "--policy", "elastic", "--trace", str(compare_trace), "--out", str(out), *SMALL]
     assert main(args) == 0
     assert (out / "summary.csv").exists()
 
@@ -72,9 +65,9 @@ def test_run_without_live_simulates_one_policy(tmp_path, small_trace):
          "policy async cannot run with these settings: a fixed split of 8 GPUs"),
     ],
 )
-def test_bad_input_is_one_line_and_writes_nothing(tmp_path, small_trace, capsys, extra, needle):
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, compare_trace, capsys, extra, needle):
     out = tmp_path / "never"
-    args = ["compare", "--trace", str(small_trace), "--out", str(out), "--no-report", *extra]
+    args = ["compare", "--trace", str(compare_trace), "--out", str(out), "--no-report", *extra]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("rlsched: error:"), err
@@ -83,7 +76,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, small_trace, capsys,
     assert not list(tmp_path.glob(".never.tmp-*"))
 
 
-def test_out_of_memory_is_one_line_and_writes_nothing(tmp_path, small_trace, capsys, monkeypatch):
+def test_out_of_memory_is_one_line_and_writes_nothing(tmp_path, compare_trace, capsys, monkeypatch):
     """A cluster too large for the machine (--gpus 100000000: the cluster state alone runs
     out of memory) used to end in a MemoryError traceback."""
     import rlsched.compare
@@ -93,39 +86,39 @@ def test_out_of_memory_is_one_line_and_writes_nothing(tmp_path, small_trace, cap
 
     monkeypatch.setattr(rlsched.compare, "simulate", too_big)
     out = tmp_path / "never"
-    assert main(["run", "--policy", "colocated", "--trace", str(small_trace), "--out", str(out), *SMALL]) == 2
+    assert main(["run", "--policy", "colocated", "--trace", str(compare_trace), "--out", str(out), *SMALL]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("rlsched: error: out of memory:"), err
     assert not out.exists() and not list(tmp_path.glob(".never.tmp-*"))
 
 
-def test_bad_trace_and_config(tmp_path, small_trace, capsys):
+def test_bad_trace_and_config(tmp_path, compare_trace, capsys):
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not parquet at all")
     assert main(["compare", "--trace", str(bad), "--out", str(tmp_path / "o")]) == 2
     assert "bad.parquet" in capsys.readouterr().err
     cfg = tmp_path / "c.toml"
     cfg.write_text("[cluster]\ngpuz = 8\n")
-    assert main(["compare", "--trace", str(small_trace), "--config", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    assert main(["compare", "--trace", str(compare_trace), "--config", str(cfg), "--out", str(tmp_path / "o")]) == 2
     assert "unknown key 'gpuz' (did you mean 'gpus'?)" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 
-def test_refuses_non_empty_out_without_force(tmp_path, small_trace, capsys):
+def test_refuses_non_empty_out_without_force(tmp_path, compare_trace, capsys):
     out = tmp_path / "full"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    assert _compare(out, small_trace, "--policies", "colocated") == 2
+    assert _compare(out, compare_trace, "--policies", "colocated") == 2
     assert "not empty" in capsys.readouterr().err
     assert (out / "keep.txt").read_text() == "mine"
-    assert _compare(out, small_trace, "--policies", "colocated", "--force") == 0
+    assert _compare(out, compare_trace, "--policies", "colocated", "--force") == 0
     assert not (out / "keep.txt").exists()
 
 
-def test_config_file_supplies_policies_and_cluster(tmp_path, small_trace):
+def test_config_file_supplies_policies_and_cluster(tmp_path, compare_trace):
     cfg = tmp_path / "c.toml"
     cfg.write_text(
-        f'trace = "{small_trace}"\n[cluster]\ngpus = 16\ntp = 2\n[run]\nsteps = 1\n'
+        f'trace = "{compare_trace}"\n[cluster]\ngpus = 16\ntp = 2\n[run]\nsteps = 1\n'
         '[[policy]]\nspec = "async:rollout_fraction=0.5,staleness=0"\n[cost]\nswitch_s = 2.0\n'
     )
     out = tmp_path / "o"
@@ -155,30 +148,30 @@ def test_help_shows_config_tables_literally(capsys):
     assert "[cluster] [run] [cost] [[policy]]" in out and "first [[policy]]" in out
 
 
-def test_progress_off_a_terminal_is_plain_lines(tmp_path, small_trace, capsys, monkeypatch):
+def test_progress_off_a_terminal_is_plain_lines(tmp_path, compare_trace, capsys, monkeypatch):
     """Off a terminal there is no bar: a policy's last step is always a line; every step is
     one only when RLSCHED_PROGRESS_SECONDS=0 (the default is one line per 10 s)."""
-    assert _compare(tmp_path / "a", small_trace, "--policies", "colocated,async") == 0
+    assert _compare(tmp_path / "a", compare_trace, "--policies", "colocated,async") == 0
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ": step " in ln]
     assert [ln.split("  ")[0] for ln in lines] == ["colocated: step 2/2", "async: step 2/2"]
     monkeypatch.setenv("RLSCHED_PROGRESS_SECONDS", "0")
-    assert _compare(tmp_path / "b", small_trace, "--policies", "colocated") == 0
+    assert _compare(tmp_path / "b", compare_trace, "--policies", "colocated") == 0
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ": step " in ln]
     assert [ln.split("  ")[0] for ln in lines] == ["colocated: step 1/2", "colocated: step 2/2"]
 
 
-def test_large_parquet_traces_are_read_by_step(small_trace, monkeypatch):
+def test_large_parquet_traces_are_read_by_step(compare_trace, monkeypatch):
     """Above ``stream_rows`` turns a Parquet trace is not loaded whole (only the tasks the
     run draws are read); the replay gets the same batches and the same per-turn arrays."""
     import numpy as np
 
     from rlsched.sim import workload as wl
 
-    whole_w, whole_b = wl.replay_workload(small_trace, 2, 4, 2)
+    whole_w, whole_b = wl.replay_workload(compare_trace, 2, 4, 2)
     streamed: list[object] = []
     real = wl.load_workload
     monkeypatch.setattr(wl, "load_workload", lambda *a, **k: streamed.append(a) or real(*a, **k))
-    part_w, part_b = wl.replay_workload(small_trace, 2, 4, 2, stream_rows=10)
+    part_w, part_b = wl.replay_workload(compare_trace, 2, 4, 2, stream_rows=10)
     assert len(streamed) == 1
     assert part_b == whole_b
     for tid in {t for b in whole_b for _, t in b}:
@@ -189,7 +182,7 @@ def test_large_parquet_traces_are_read_by_step(small_trace, monkeypatch):
             assert np.array_equal(getattr(whole_w, col)[a], getattr(part_w, col)[b]), col
 
 
-def test_force_never_deletes_where_the_user_stands_or_what_it_reads(tmp_path, small_trace, capsys,
+def test_force_never_deletes_where_the_user_stands_or_what_it_reads(tmp_path, compare_trace, capsys,
                                                                     monkeypatch):
     """``--out . --force`` removed everything in the current folder, then failed; a folder
     holding the trace would have been deleted with it; a symbolic link could be neither
@@ -198,7 +191,7 @@ def test_force_never_deletes_where_the_user_stands_or_what_it_reads(tmp_path, sm
     (here / "sub").mkdir(parents=True)
     (here / "keep.txt").write_text("mine")
     trace = here / "t.parquet"
-    trace.write_bytes(small_trace.read_bytes())
+    trace.write_bytes(compare_trace.read_bytes())
     monkeypatch.chdir(here / "sub")
     (here / "sub" / "x.txt").write_text("x")
     cases = [
@@ -207,7 +200,7 @@ def test_force_never_deletes_where_the_user_stands_or_what_it_reads(tmp_path, sm
         (str(here), "is the current directory or holds it"),
     ]
     for out, needle in cases:
-        assert main(["compare", "--trace", str(small_trace), "--out", out, "--no-report", *SMALL,
+        assert main(["compare", "--trace", str(compare_trace), "--out", out, "--no-report", *SMALL,
                      "--policies", "colocated", "--force"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
@@ -219,20 +212,20 @@ def test_force_never_deletes_where_the_user_stands_or_what_it_reads(tmp_path, sm
     dangling = tmp_path / "dangling"
     dangling.symlink_to(tmp_path / "nowhere")
     for out in (link, dangling):
-        assert _compare(out, small_trace, "--policies", "colocated", "--force") == 2
+        assert _compare(out, compare_trace, "--policies", "colocated", "--force") == 2
         assert "is a symbolic link" in capsys.readouterr().err
     assert (here / "keep.txt").read_text() == "mine" and trace.exists() and (here / "sub" / "x.txt").exists()
     # a replaced folder leaves no copy of the old one beside it
     out = tmp_path / "again"
-    assert _compare(out, small_trace, "--policies", "colocated") == 0
-    assert _compare(out, small_trace, "--policies", "colocated", "--force") == 0
+    assert _compare(out, compare_trace, "--policies", "colocated") == 0
+    assert _compare(out, compare_trace, "--policies", "colocated", "--force") == 0
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
-def test_a_run_that_trains_nothing_says_so(tmp_path, small_trace, capsys):
+def test_a_run_that_trains_nothing_says_so(tmp_path, compare_trace, capsys):
     """Contexts longer than an engine's KV end every trajectory timed out before a turn:
     the run 'succeeded' with 0 trained tokens and nothing said it."""
-    df = pd.read_parquet(small_trace)
+    df = pd.read_parquet(compare_trace)
     df["output_tokens"] = 10**7
     big = tmp_path / "big.parquet"
     write_trace(df, big)
@@ -240,7 +233,7 @@ def test_a_run_that_trains_nothing_says_so(tmp_path, small_trace, capsys):
     err = capsys.readouterr().err
     assert "warning: colocated trained no tokens" in err
     assert (pd.read_csv(tmp_path / "o" / "summary.csv").trained_tokens == 0).all()
-    assert _compare(tmp_path / "o2", small_trace, "--policies", "colocated") == 0
+    assert _compare(tmp_path / "o2", compare_trace, "--policies", "colocated") == 0
     assert "trained no tokens" not in capsys.readouterr().err
 
 
@@ -269,7 +262,7 @@ def test_an_out_that_cannot_be_replaced_keeps_the_new_output(tmp_path, monkeypat
     assert (kept / "summary.csv").read_text() == "new" and (out / "old.txt").read_text() == "old"
 
 
-def test_a_spec_that_cannot_run_on_the_cluster_is_refused_before_any_run(tmp_path, small_trace, capsys,
+def test_a_spec_that_cannot_run_on_the_cluster_is_refused_before_any_run(tmp_path, compare_trace, capsys,
                                                                           monkeypatch):
     """async's fixed split cannot hold the default preset's 8-GPU trainer floor on 8 GPUs:
     the refusal came from async's own run, after colocated had run (hours, at scale). Each
@@ -283,7 +276,7 @@ def test_a_spec_that_cannot_run_on_the_cluster_is_refused_before_any_run(tmp_pat
     out = tmp_path / "cmp"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    args = ["compare", "--trace", str(small_trace), "--out", str(out), "--force", "--no-report",
+    args = ["compare", "--trace", str(compare_trace), "--out", str(out), "--force", "--no-report",
             "--gpus", "8", "--tp", "2", "--steps", "2", "--tasks-per-step", "4"]
     assert main([*args, "--policies", "colocated,async"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -20,7 +20,6 @@ from rlsched.compare import ComparePlan, compare
 from rlsched.policies import registry
 from rlsched.policies.colocated import Colocated
 from rlsched.sim.cost import CostModel
-from rlsched.traces import generate_trace, write_trace
 
 SMALL = ["--gpus", "16", "--steps", "2", "--tasks-per-step", "4", "--samples-per-task", "2"]
 
@@ -57,22 +56,15 @@ def failing_policies():
         registry._REGISTRY.pop(cls.name, None)
 
 
-@pytest.fixture(scope="module")
-def small_trace(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("trace") / "t.parquet"
-    write_trace(generate_trace("longtail-small", seed=3, tasks=16, samples=2), path)
-    return path
-
-
 def _compare(out: Path, trace: Path, *extra: str) -> int:
     return main(["compare", "--trace", str(trace), "--out", str(out), *SMALL, *extra])
 
 
-def test_a_later_policy_failing_publishes_the_finished_runs(tmp_path, small_trace, capsys):
+def test_a_later_policy_failing_publishes_the_finished_runs(tmp_path, compare_trace, capsys):
     out = tmp_path / "cmp"
     out.mkdir()
     (out / "old.txt").write_text("the folder --force replaces")
-    rc = _compare(out, small_trace, "--policies", "colocated,async,test-fails-mid-run,elastic", "--force")
+    rc = _compare(out, compare_trace, "--policies", "colocated,async,test-fails-mid-run,elastic", "--force")
     assert rc == 2
     captured = capsys.readouterr()
     last = captured.err.strip().splitlines()[-1]
@@ -93,31 +85,31 @@ def test_a_later_policy_failing_publishes_the_finished_runs(tmp_path, small_trac
     assert main(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
 
 
-def test_without_a_report_the_line_says_summary_only(tmp_path, small_trace, capsys):
+def test_without_a_report_the_line_says_summary_only(tmp_path, compare_trace, capsys):
     out = tmp_path / "cmp"
-    assert _compare(out, small_trace, "--policies", "colocated,test-fails-mid-run", "--no-report") == 2
+    assert _compare(out, compare_trace, "--policies", "colocated,test-fails-mid-run", "--no-report") == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.endswith(f"wrote {out / 'summary.csv'} with the 1 run that finished (colocated)"), last
     assert list(pd.read_csv(out / "summary.csv").policy) == ["colocated"]
     assert not (out / "report.html").exists()
 
 
-def test_the_first_policy_failing_writes_nothing_and_keeps_the_old_out(tmp_path, small_trace, capsys):
+def test_the_first_policy_failing_writes_nothing_and_keeps_the_old_out(tmp_path, compare_trace, capsys):
     out = tmp_path / "cmp"
     out.mkdir()
     (out / "old.txt").write_text("mine")
-    assert _compare(out, small_trace, "--policies", "test-fails-mid-run,colocated", "--force") == 2
+    assert _compare(out, compare_trace, "--policies", "test-fails-mid-run,colocated", "--force") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "rlsched: error: test-fails-mid-run: refused after step 1"
     assert [p.name for p in out.iterdir()] == ["old.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cmp"]
 
 
-def test_a_bug_in_a_later_policy_keeps_the_finished_runs_and_its_traceback(tmp_path, small_trace):
+def test_a_bug_in_a_later_policy_keeps_the_finished_runs_and_its_traceback(tmp_path, compare_trace):
     """A bug is not turned into a user's one-line error (its traceback is the bug report),
     but the finished runs are published all the same, and a note on it says so."""
     out = tmp_path / "cmp"
-    plan = ComparePlan(small_trace, ("colocated", "test-bug-mid-run"),
+    plan = ComparePlan(compare_trace, ("colocated", "test-bug-mid-run"),
                        RunConfig(gpus=16, steps=2, tasks_per_step=4, samples_per_task=2), CostModel())
     with pytest.raises(RuntimeError, match="a bug") as err:
         compare(plan, out, report=False)
@@ -127,10 +119,10 @@ def test_a_bug_in_a_later_policy_keeps_the_finished_runs_and_its_traceback(tmp_p
     assert [p.name for p in runs_in(out)] == ["00-colocated"]
 
 
-def test_run_failed_carries_the_cause_and_the_rows(tmp_path, small_trace):
+def test_run_failed_carries_the_cause_and_the_rows(tmp_path, compare_trace):
     from rlsched.compare import RunFailed
 
-    plan = ComparePlan(small_trace, ("colocated", "test-fails-mid-run"),
+    plan = ComparePlan(compare_trace, ("colocated", "test-fails-mid-run"),
                        RunConfig(gpus=16, steps=2, tasks_per_step=4, samples_per_task=2), CostModel())
     with pytest.raises(RunFailed) as err:
         compare(plan, tmp_path / "cmp", report=False)
@@ -138,7 +130,7 @@ def test_run_failed_carries_the_cause_and_the_rows(tmp_path, small_trace):
     assert list(err.value.summary.policy) == ["colocated"] and err.value.exit_code == 2
 
 
-def test_ctrl_c_while_the_report_is_written_keeps_the_runs(tmp_path, small_trace, monkeypatch):
+def test_ctrl_c_while_the_report_is_written_keeps_the_runs(tmp_path, compare_trace, monkeypatch):
     """Every run finished, then Ctrl-C while the report was being written: all of it was
     deleted. Now the runs and summary.csv are published without the report's part-written
     files, and :class:`Interrupted` (exit 130) says so."""
@@ -150,7 +142,7 @@ def test_ctrl_c_while_the_report_is_written_keeps_the_runs(tmp_path, small_trace
 
     monkeypatch.setattr(report, "write_collected", interrupted)
     out = tmp_path / "cmp"
-    plan = ComparePlan(small_trace, ("colocated", "async"),
+    plan = ComparePlan(compare_trace, ("colocated", "async"),
                        RunConfig(gpus=16, steps=2, tasks_per_step=4, samples_per_task=2), CostModel())
     with pytest.raises(Interrupted, match=r"^stopped while the report was being written; wrote 2 run "
                                           r"record\(s\) and summary.csv to .*cmp; no report") as err:
