@@ -232,7 +232,9 @@ class Elastic(FixedSplit, Reclaim, Configured):
         trains it alone: on a trace with no length spread, one gradient reduction more per
         step, and its timing (mostly that fixed part) overstated the training left ~10x,
         so moves were sent that could not pay. One timer at a time: a finish while one is
-        pending waits for it."""
+        pending waits for it. ``settle_auto`` (the default) does the same while every
+        trajectory finished so far had one length (``no_spread_seen``): where a batch does
+        finish at once, and on a long-tailed trace for the run's first finish only."""
         if self._settling:
             return []
         self._settling = True
