@@ -34,7 +34,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -245,8 +245,9 @@ def _write_summary(plan: ComparePlan, run_dirs: Sequence[Path], tmp: Path, repor
             # each record's intervals are read once, for the summary and the report alike
             tables, figures = collect(run_dirs, tmp)
             summary = _ordered(tables.summary.assign(policy=list(plan.specs[: len(run_dirs)])))
-            summary.to_csv(tmp / "summary.csv", index=False)
-            write_collected(tables, figures, tmp, title=f"rlsched compare: {plan.trace_path.name}")
+            # (the report writes summary.csv with its other tables: these rows, once)
+            write_collected(replace(tables, summary=summary), figures, tmp,
+                            title=f"rlsched compare: {plan.trace_path.name}")
             timing.append(("report", "", "", time.perf_counter() - t0))
             return summary, True
         except KeyboardInterrupt:
