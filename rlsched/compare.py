@@ -28,7 +28,6 @@ A Ctrl-C while the report of finished runs is written keeps the runs the same wa
 from __future__ import annotations
 
 import os
-import random
 import re
 import shutil
 import tempfile
@@ -41,7 +40,6 @@ import pandas as pd
 
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import ConfigError, Interrupted, PolicyError, RlschedError
-from rlsched.cluster.events import RunStarted
 from rlsched.policies import canonical_spec, make_policy
 from rlsched.policies.plugins import PluginError
 from rlsched.sim.cost import CostModel
@@ -289,17 +287,16 @@ def preflight(plan: ComparePlan, workload: Workload, batches: Batches) -> None:
     trainer's memory floor on a small cluster, raises at ``RunStarted``) is refused in one
     line naming it -- not after the policies ahead of it ran for hours.
 
-    The check is the run's own start, not a copy of what the policies compute: the same
-    driver setup (without a record), ``reset`` and ``RunStarted`` through the driver loop
-    (its commands legality-checked and applied), and no simulated time passes. An error
+    The check is the run's own start, not a copy of what the policies compute
+    (:meth:`~rlsched.sim.driver.SimDriver.start`: the same driver setup, without a record,
+    then ``reset`` and ``RunStarted``, its commands legality-checked and applied; no
+    simulated time passes). An error
     of the setup itself (a cluster below the trainer's floor) is no spec's: it is raised
     as it is."""
     for spec in plan.specs:
-        loop = SimDriver(workload, batches, make_policy(spec), plan.config, plan.cost).loop
+        driver = SimDriver(workload, batches, make_policy(spec), plan.config, plan.cost)
         try:
-            loop.reset_policy(random.Random(plan.config.seed))
-            loop.emit(RunStarted())
-            loop.pump()
+            driver.start()
         except PluginError:
             raise  # (a defect of the plugin's code, not of these settings: its own line)
         except RlschedError as exc:

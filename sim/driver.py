@@ -100,6 +100,15 @@ class SimDriver:
         self.state: ClusterState = core.state
         self.trajs: dict[str, SimTraj] = core.trajs
 
+    def start(self) -> None:
+        """The run's start, without running it: the policy's ``reset`` and its decision on
+        ``RunStarted``, its commands legality-checked and applied; no simulated time passes.
+        ``rlsched compare`` makes each spec's start before any run (a spec that cannot run
+        on the cluster is refused then, not after the policies ahead of it ran)."""
+        self.loop.reset_policy(random.Random(self.cfg.seed))
+        self.core.emit(RunStarted())
+        self.core.pump()
+
     def run(self) -> SimResult:
         """Simulate until every step is trained. Ctrl-C stops the run where it is and
         returns what was simulated so far with ``complete=False``.
@@ -115,9 +124,7 @@ class SimDriver:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            self.loop.reset_policy(random.Random(self.cfg.seed))
-            core.emit(RunStarted())
-            core.pump()
+            self.start()
             self.faults.arm()
             if not core.done.triggered:
                 core.run_until(core.done)
