@@ -11,6 +11,7 @@ a file with the same bytes (two copies of one trace are one setup).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,7 +34,15 @@ def resolve_trace(run_path: Path, given: Any) -> Path | None:
 
 
 def _digest(path: Path) -> str:
-    with path.open("rb") as f:
+    st = path.stat()
+    return _digest_of(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.cache
+def _digest_of(path: str, size: int, mtime_ns: int) -> str:
+    """A file's SHA-256, read once per version of the file: ``rlsched report`` asks for it
+    twice (its stderr warning, then the page's note), and a trace may be gigabytes."""
+    with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 

@@ -112,7 +112,8 @@ def prepare_out_dir(out: Path, force: bool, inputs: Sequence[Path | str] = ()) -
     check_out_dir(out, force, inputs)
     if out.exists() and any(out.iterdir()) and not force:
         raise ConfigError(f"--out {out}: directory is not empty (use --force to replace it)")
-    parent = Path(os.path.abspath(out)).parent
+    target = Path(os.path.abspath(out))  # (lexical: `--out .` names the folder, not "")
+    parent = target.parent
     for above in (parent, *parent.parents):
         if above.exists():
             if not above.is_dir():
@@ -120,7 +121,7 @@ def prepare_out_dir(out: Path, force: bool, inputs: Sequence[Path | str] = ()) -
             break
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{Path(os.path.abspath(out)).name}.tmp-", dir=parent))
+        return Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=parent))
     except OSError as exc:
         raise ConfigError(f"--out {out}: cannot create it ({exc.strerror or exc.__class__.__name__})") from None
 
@@ -131,12 +132,12 @@ def publish(tmp: Path, out: Path) -> None:
     if not out.exists():
         tmp.rename(out)
         return
-    old = Path(tempfile.mkdtemp(prefix=f".{Path(os.path.abspath(out)).name}.old-", dir=tmp.parent))
+    name = Path(os.path.abspath(out)).name
+    old = Path(tempfile.mkdtemp(prefix=f".{name}.old-", dir=tmp.parent))
     old.rmdir()
     try:
         out.rename(old)
     except OSError as exc:  # (an immutable or busy --out: the new results were then deleted)
-        name = Path(os.path.abspath(out)).name
         kept = Path(tempfile.mkdtemp(prefix=f"{name}.new-", dir=tmp.parent))
         kept.rmdir()
         tmp.rename(kept)  # (out of the callers' clean-up of tmp, under a name a user sees)
@@ -290,9 +291,8 @@ def preflight(plan: ComparePlan, workload: Workload, batches: Batches) -> None:
     The check is the run's own start, not a copy of what the policies compute
     (:meth:`~rlsched.sim.driver.SimDriver.start`: the same driver setup, without a record,
     then ``reset`` and ``RunStarted``, its commands legality-checked and applied; no
-    simulated time passes). An error
-    of the setup itself (a cluster below the trainer's floor) is no spec's: it is raised
-    as it is."""
+    simulated time passes). An error of the setup itself (a cluster below the trainer's
+    floor) is no spec's: it is raised as it is."""
     for spec in plan.specs:
         driver = SimDriver(workload, batches, make_policy(spec), plan.config, plan.cost)
         try:

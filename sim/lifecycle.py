@@ -231,9 +231,9 @@ class Lifecycle(DriverCore):
         unbound = st.unbound
         if unbound and not queue and not es.draining and not eng.closed:
             while unbound:
-                # the queue's head, or the first this engine's weights may generate (see
-                # ClusterState.may_bind; the common case is the head)
-                tid = unbound[0] if st.may_bind(unbound[0], es.version) else st.first_bindable(es.version)
+                # the first this engine's weights may generate (ClusterState.may_bind): the
+                # queue's head but for an engine with older weights than the rest
+                tid = st.first_bindable(es.version)
                 if tid is None:
                     break
                 t = trajs[tid]

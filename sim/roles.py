@@ -198,12 +198,13 @@ class Roles:
         formed = self._assembly.land(st, gpus, gid, version, self._switching_to)
         if not formed:
             return
-        parts = [p for f in formed for p in f.parts]
         switch_gid = self._switch_gid
-        for gs, _, _ in parts:
-            st.set_roles(gs, Role.ROLLOUT)
-            for g in gs:
-                del switch_gid[g]
+        for f in formed:
+            for gs, _, _ in f.parts:
+                if f.opens:  # (the others go IDLE: _orphaned)
+                    st.set_roles(gs, Role.ROLLOUT)
+                for g in gs:
+                    del switch_gid[g]
         for f in formed:
             if f.opens:
                 self.core.open_engine(f.engine, f.version)
@@ -220,7 +221,6 @@ class Roles:
         """``gpu`` will not join its engine (failed, or landed in another role): the GPUs of
         the engine waiting for it go IDLE and their groups report."""
         for gs, gid, _ in self._assembly.lost(self.state, gpu):
-            self.state.set_roles(gs, Role.ROLLOUT)
             for g in gs:
                 del self._switch_gid[g]
             self._orphaned(gs, gid)

@@ -46,7 +46,6 @@ class MicroBatch:
     tokens: int
 
 
-
 class Training:
     """The trainer's side of the policy's decisions, from the config and the meter; the
     loop owns the step's progress and hands in what these answers depend on. ``steps``:

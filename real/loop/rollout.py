@@ -157,7 +157,7 @@ class Rollout:
             st.mark_running(tid, e)
             self.start(tid)
         while st.unbound and not es.queue and e in st.engines_:
-            tid = st.unbound[0] if st.may_bind(st.unbound[0], es.version) else st.first_bindable(es.version)
+            tid = st.first_bindable(es.version)  # (the head, unless its weights are too new here)
             if tid is None or not self._fits(e, tid):
                 break
             self._admit_unbound(tid, e)
