@@ -59,8 +59,9 @@ def _load_entry_points() -> None:
         # the entry point's class, and any class its module registered itself on import (a
         # class registered before, such as a shipped one an entry point names, stays as it is)
         own = [c for n, c in _REGISTRY.items() if before.get(n) is not c]
-        shipped = [c for c in before.values() if c is cls]
-        for c in own + ([cls] if not shipped and all(c is not cls for c in own) else []):
+        if cls not in own and cls not in before.values():
+            own.append(cls)
+        for c in own:
             name = getattr(c, "name", None)
             if isinstance(name, str) and _REGISTRY.get(name) is c:
                 del _REGISTRY[name]  # (registered by its module: registered again, guarded)
