@@ -63,6 +63,9 @@ class ElasticConfig:
                           "first, moves (Move, once) to the engine with the fewest live trajectories if it "
                           "would share that one with fewer than its own (decode slows with every sequence and "
                           "KV token an engine holds); false: the tail stays where it runs")
+    rebalance: bool = param("bool", True, "a trajectory waiting on a KV-full engine for room (its "
+                            "context evicted or its turn preempted) moves (Move) to an engine with no queue "
+                            "and free KV for twice its context, instead of waiting where it was placed")
     hold: bool = param("bool", True, "with staleness >= 1: once a step's training, measured, "
                        "would take less on every GPU than on half the engines by no more than a role switch "
                        "there and back (no move between the roles can repay its switches), hold a fixed "
