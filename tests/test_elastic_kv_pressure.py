@@ -134,3 +134,34 @@ def test_a_trajectory_moves_once():
     st = _cluster(free_kv=500)
     assert spreader.rebalance(st, range(0, 1), 0) == [Move(("T1",), engine=1)]
     assert spreader.rebalance(st, range(0, 1), 0) == []
+
+
+def _three_on_one() -> ClusterState:
+    """Step 0's three trajectories all run on engine 0; engine 1 is empty (a tail to spread)."""
+    st = ClusterState(2, 1, [[("T0", "a"), ("T1", "b"), ("T2", "c")]], max_staleness=0)
+    for g in (0, 1):
+        st.roles[g] = Role.ROLLOUT
+        st.add_engine(EngineState(g, (g,), 0, 1000))
+    for t in ("T0", "T1", "T2"):
+        st.mark_dispatched(t, 0)
+        st.engines_[0].enqueue(t)
+        st.engines_[0].dequeue(admit=True)
+        st.mark_running(t, 0)
+    return st
+
+
+def test_a_trajectory_this_decision_interrupts_is_not_moved():
+    """``cut_stop`` interrupts the cut tail in the decision that ``isolate`` and ``steal`` then
+    spread the tail in; the view still shows those trajectories running, and a move of one was
+    refused by the contract ('Move of ... which is interrupted, not queued or running': the
+    session-19 fault sweep, 16 GPUs of tp 2, a tight KV cache, cut_stop)."""
+    from rlsched.cluster.commands import Interrupt
+    from rlsched.policies.placement import LateQueue
+
+    moves = TailSpreader(LengthPredictor()).isolate(_three_on_one(), range(0, 1), LateQueue(), 0, [])
+    assert moves and all(isinstance(m, Move) for m in moves)  # (the tail spreads, as designed)
+    stop = Interrupt(("T0", "T1", "T2"), keep_progress=True)
+    assert TailSpreader(LengthPredictor()).isolate(_three_on_one(), range(0, 1), LateQueue(), 0, [stop]) == []
+    assert TailSpreader(LengthPredictor()).steal(_three_on_one(), range(0, 1), 0,
+                                                 stopped=frozenset(stop.trajectories)) == []
+    assert TailSpreader(LengthPredictor()).steal(_three_on_one(), range(0, 1), 0) != []

@@ -116,3 +116,20 @@ def test_a_run_the_harsher_sweep_stalled_completes(shipped, gpus, tp, seed, spec
                                            faults=_faults12(seed)), CostModel() if flat else default_cost())
     r = out.result
     assert r.complete and r.state.version == 4, why
+
+
+def test_a_tight_kv_cache_under_the_harsher_sweep_completes():
+    """Session 19's sweep (the harsher faults above; 8-24 GPUs of tp 1-4; a KV cache of half
+    the usual memory, so that queued work moves between engines -- ``rebalance`` -- and the
+    seed preset's long contexts): with ``cut_stop`` a decision interrupted the cut tail and
+    then spread it over the engines (``isolate``), moving a trajectory it had just stopped:
+    'Move of ... which is interrupted, not queued or running', refused by the contract."""
+    from rlsched.traces import generate_trace
+
+    df = generate_trace("swe-seed", seed=1, tasks=32, samples=4, turns_scale=0.2)
+    spec = "elastic:staleness=1,cut=0.25,cut_stop=true"
+    policy = make_policy(spec)
+    out = simulate(Workload.from_frame(df), draw_batches(df, 4, 8), policy,
+                   RunConfig(gpus=16, tp=2, steps=4, tasks_per_step=8, check=True, faults=_faults12(1)),
+                   CostModel(gpu_mem_util=0.5))
+    assert out.result.complete and out.result.state.version == 4

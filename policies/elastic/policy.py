@@ -217,7 +217,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
             if isinstance(step, MicroBatch) and self._training.withhold(
                     view, len(tr.gpus), step, released, self._switches.to_train):
                 step = None  # (``join``: it starts when the engines released to it arrive)
-            cmds += self._trained(view, tr, step) + (released or self._steal(view))
+            cmds += self._trained(view, tr, step) + (released or self._steal(view, cmds))
         else:
             cmds += self._trained(view, tr, step)
         if self.config.rebalance:
@@ -274,12 +274,14 @@ class Elastic(FixedSplit, Reclaim, Configured):
                       if g not in failed and g not in sent and g not in self._switches.moving)
         return self._send(view, spare, Role.TRAIN) if spare else []
 
-    def _steal(self, view: ClusterView) -> list[Command]:
+    def _steal(self, view: ClusterView, sent: Sequence[Command]) -> list[Command]:
         """``steal``: engines consolidation kept idle take work off crowded ones (:mod:`.tail`),
-        but none sent out of rollout in this decision (``_grow_to_hold``'s)."""
+        but none sent out of rollout in this decision (``_grow_to_hold``'s), and none of the
+        trajectories ``sent`` interrupts (``cut_stop``)."""
         if not self.config.steal:
             return []
-        return self._tail.steal(view, self._rolling(), self._ahead, self._switches.engines_sent(view))
+        stopped = frozenset(t for c in sent if isinstance(c, Interrupt) for t in c.trajectories)
+        return self._tail.steal(view, self._rolling(), self._ahead, self._switches.engines_sent(view), stopped)
 
     def _send(self, view: ClusterView, gpus: tuple[int, ...], role: Role,
               drain: Drain = Drain.MIGRATE) -> list[Command]:

@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Sequence
 from operator import itemgetter
 
-from rlsched.cluster.commands import Command, Move, Reassign
+from rlsched.cluster.commands import Command, Interrupt, Move, Reassign
 from rlsched.cluster.ids import TrajStatus
 from rlsched.cluster.view import ClusterView
 
@@ -131,7 +131,7 @@ class TailSpreader:
         return Move((t,), engine=dst)
 
     def steal(self, view: ClusterView, steps: range, ahead: int,
-              leaving: frozenset[int] = frozenset()) -> list[Command]:
+              leaving: frozenset[int] = frozenset(), stopped: frozenset[str] = frozenset()) -> list[Command]:
         """``steal``: engines that stay in rollout with nothing to do (consolidation kept
         them) each take the live trajectory predicted longest from the most crowded engine
         that holds at least ``_CROWDED``: the tail then spreads out, where decode is fastest.
@@ -143,7 +143,7 @@ class TailSpreader:
         versions behind the step at most): an engine back from a failure whose weight sync
         failed is idle, not syncing, and holds old weights (a stolen trajectory generated
         by them was trained two versions on at staleness 1: the fault sweep, 24 GPUs,
-        seed 28)."""
+        seed 28). ``stopped``: trajectories this decision interrupts (``cut_stop``)."""
         loads = view.engine_loads()
         # an engine that took a trajectory is not idle again until that one is over: its
         # load shows the move only once the context has arrived, and two steals onto one
@@ -160,7 +160,7 @@ class TailSpreader:
             return []
         by_engine: dict[int, list[tuple[float, str, int]]] = {}
         for st in steps:
-            for rem, t, e in self._movable(view, st):
+            for rem, t, e in self._movable(view, st, stopped):
                 by_engine.setdefault(e, []).append((rem, t, st))
         for kept in by_engine.values():
             kept.sort()
@@ -229,7 +229,9 @@ class TailSpreader:
             loads = {e: load for e, load in active if e not in gone}
         else:
             loads = dict(active)
-        moved = frozenset(t for c in sent if isinstance(c, Move) for t in c.trajectories)
+        # (moved in this decision already, or interrupted by it: ``cut_stop`` -- moving one
+        # was refused, 'Move of ... which is interrupted', under the fault sweep)
+        moved = frozenset(t for c in sent if isinstance(c, (Move, Interrupt)) for t in c.trajectories)
         infos = {e: view.engine(e) for e in loads}
         loads = {e: load for e, load in loads.items() if not infos[e].syncing}
         if len(loads) < 2:
@@ -266,15 +268,18 @@ class TailSpreader:
         seed preset, ``tests/test_elastic_kv_pressure.py``, 7.8% faster). Only when some
         engine has a queue: the common case checks one sum. ``sent``: the
         commands of this decision so far (engines leaving rollout take nothing and send
-        nothing; a trajectory moved already, by ``steal``, stays where that sent it). Like
+        nothing -- a Reassign drains an engine's work, interrupting it: the fault sweep,
+        16 GPUs of tp 2, a tight KV cache, 'Move of ... which is interrupted, not queued or
+        running' --; a trajectory moved already, by ``steal``, stays where that sent it, and
+        one ``cut_stop`` interrupted is no longer queued). Like
         theirs, its moves are once per trajectory."""
         if not view.rollout_totals().engines_with_queue:
             return []
         leaving = {view.engine_of(g) for c in sent if isinstance(c, Reassign) for g in c.gpus}
-        moved = {t for c in sent if isinstance(c, Move) for t in c.trajectories}
+        moved = {t for c in sent if isinstance(c, (Move, Interrupt)) for t in c.trajectories}
         landing = {c.engine for c in sent if isinstance(c, Move)}
         infos = {e: view.engine(e) for e in view.engines() if e not in leaving}
-        full = {e for e, i in infos.items() if i.queued}
+        full = {e for e, i in infos.items() if i.queued and not i.draining}  # (a leaving one's drain moves its own)
         free = {e: i.kv_capacity - i.kv_used for e, i in infos.items() if not i.queued and not i.draining
                 and not i.syncing and i.kv_used < i.kv_capacity and e not in landing}
         if not full or not free:
