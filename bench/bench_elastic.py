@@ -22,8 +22,9 @@ steps (>= 12: 4-step runs are dominated by the first batch's warm-up):
   backlog within 0.4 of a rollout (``train_within=0.4``), with and without the empty
   trainer's hedge (``hedge=false``); and tail isolation off at staleness 1
   (``isolate=false``: a step's tail stays on the engines it runs on); and, at staleness 1,
-  no fixed split held when moves cannot pay (``hold=false``) and micro-batches that never
-  wait for GPUs on their way to the trainer (``join=false``).
+  no fixed split held when moves cannot pay (``hold=false``), micro-batches that never
+  wait for GPUs on their way to the trainer (``join=false``) and queued work that stays on
+  the KV-full engine it was placed on (``rebalance=false``).
 
 Traces: the shipped long-tail sample, the seed-scale preset (``swe-seed``, turns scaled
 by ``--seed-turns-scale`` to fit the time) and the drift preset (``longtail-growing``);
@@ -78,7 +79,7 @@ ABLATION = ([f"elastic:{a}{',staleness=1' if k else ''}" for k in (0, 1)
              for a in ("order=fifo", "pack=64", "kv_limit=0.01", "steal=false")]
             + [f"elastic:cut=0.25{stop},staleness=1" for stop in ("", ",cut_stop=true")]
             + ["elastic:isolate=false,staleness=1", "elastic:hold=false,staleness=1",
-               "elastic:join=false,staleness=1",
+               "elastic:join=false,staleness=1", "elastic:rebalance=false,staleness=1",
                "elastic:train_share=0,train_within=0.4,staleness=1",
                "elastic:train_share=0,train_within=0.4,hedge=false,staleness=1"])
 CAUSES = (*GAP_CAUSES, "gap_other_s")
