@@ -53,6 +53,7 @@ class TrajState:
     dispatch_time: float = float("nan")
     finish_time: float = float("nan")
     finish_status: TrajStatus | None = None
+    finished_seq: int = 0  # ClusterState.finish_seq when it last finished (0: never)
 
     def info(self) -> TrajectoryInfo:
         return TrajectoryInfo(
@@ -264,6 +265,9 @@ class ClusterState:
         self._batches: list[tuple[TrajectoryId, ...]] = []
         self._unfinished: list[int] = []
         self._finished: dict[TrajectoryId, None] = {}  # insertion-ordered set
+        # finishes so far: the driver loop tells a trajectory that finished while a decision's
+        # commands were applied from one that had finished before the policy decided
+        self.finish_seq = 0
         # per step, the same set; entries found in a micro-batch are dropped when met
         self._finished_by_step: list[dict[TrajectoryId, None]] = []
         # per step, the finished ones that are INTERRUPTED (a subset of the above)
@@ -613,6 +617,8 @@ class ClusterState:
         t.status = status
         t.finish_time = self._now
         t.finish_status = status
+        self.finish_seq += 1
+        t.finished_seq = self.finish_seq
         self._unfinished[t.step] -= 1
         self._finished[tid] = None
         self._finished_by_step[t.step][tid] = None

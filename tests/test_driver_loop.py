@@ -192,3 +192,63 @@ def test_the_loop_refuses_a_train_off_its_step_unless_the_policy_defers() -> Non
     loop.emit(RunStarted())
     loop.pump()
     assert backend.started == [MicroBatchJob(("b",))]
+
+
+class FinishingBackend(FakeBackend):
+    """Moving "a" admits "b" at the head of its engine's queue, whose next turn fits on no
+    engine: it times out at once (the simulator's ``_admit``), inside the Move's application."""
+
+    def __init__(self, st: ClusterState) -> None:
+        super().__init__()
+        self.st = st
+
+    def move(self, tids, engine) -> None:
+        self.calls.append(("move", tuple(tids), engine))
+        if "a" in tids:
+            self.st.mark_finished("b", TrajStatus.TIMED_OUT)
+
+    def interrupt(self, tid, keep) -> None:
+        self.calls.append(("interrupt", tid))
+
+
+def _rolling_out() -> ClusterState:
+    from rlsched.cluster.ids import Role
+    from rlsched.cluster.state import EngineState
+
+    st = ClusterState(2, 1, [[("a", "t"), ("b", "t"), ("c", "t")]], 1)
+    st.advance(0.0)
+    for g in (0, 1):
+        st.roles[g] = Role.ROLLOUT
+        st.add_engine(EngineState(g, (g,), 0, 1000))
+    for tid in ("a", "b", "c"):
+        st.mark_dispatched(tid, 0)
+        st.engines_[0].enqueue(tid)
+    return st
+
+
+def test_a_trajectory_an_earlier_command_of_the_decision_finished_is_left_out() -> None:
+    """Found by a fault sweep with a tight KV cache (12 single-GPU engines): elastic moved one
+    trajectory off a full engine, which admitted the next in its queue, too long for any
+    engine -- timed out on the spot -- and the same decision's next Move named it: 'Move of
+    ... which is timed_out, not queued or running'. The policy decided on the view before
+    either command; the loop now leaves it out of later Moves and Interrupts."""
+    from rlsched.cluster.commands import Interrupt, Move
+
+    st = _rolling_out()
+    backend = FinishingBackend(st)
+    policy = ScriptedPolicy([Move(("a",), 1), Move(("b",), 1), Interrupt(("b", "c"), keep_progress=True)])
+    loop = DriverLoop(st, policy, backend, None)
+    loop.emit(RunStarted())
+    loop.pump()
+    assert backend.calls == [("move", ("a",), 1), ("interrupt", "c")]
+
+
+def test_moving_a_trajectory_finished_before_the_decision_is_still_the_policys_error() -> None:
+    from rlsched.cluster.commands import Move
+
+    st = _rolling_out()
+    st.mark_finished("b", TrajStatus.TIMED_OUT)
+    loop = DriverLoop(st, ScriptedPolicy([Move(("b",), 1)]), FinishingBackend(st), None)
+    loop.emit(RunStarted())
+    with pytest.raises(PolicyError, match="timed_out, not queued or running"):
+        loop.pump()

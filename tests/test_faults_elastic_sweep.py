@@ -133,3 +133,15 @@ def test_a_tight_kv_cache_under_the_harsher_sweep_completes():
                    RunConfig(gpus=16, tp=2, steps=4, tasks_per_step=8, check=True, faults=_faults12(1)),
                    CostModel(gpu_mem_util=0.5))
     assert out.result.complete and out.result.state.version == 4
+
+
+def test_a_move_that_times_out_the_next_in_the_queue_does_not_fail_the_run(shipped):
+    """Session 19's sweep, 12 single-GPU engines, a tight KV cache, elastic on-policy: a
+    decision's first Move freed a full engine's KV, which admitted the head of its queue,
+    whose next turn fits on no engine (it timed out on the spot); the decision's second Move
+    named it. The driver loop now leaves it out (tests/test_driver_loop.py)."""
+    w, b = shipped
+    out = simulate(w, b, make_policy("elastic"),
+                   RunConfig(gpus=12, tp=1, steps=4, tasks_per_step=8, check=True, faults=_faults12(2)),
+                   CostModel(gpu_mem_util=0.5))
+    assert out.result.complete and out.result.state.version == 4

@@ -16,12 +16,20 @@ The guard costs a Python call per read, which is why plain simulated runs go wit
 
 The pump is re-entrant-safe: an event emitted while commands are applied waits in the
 FIFO and is delivered by the pump already running, after the current event's commands.
+
+A policy answers an event with all its commands at once, from the view as it was; applying
+one may finish a trajectory a later one names (a Move that frees an engine's KV admits the
+head of its queue, whose next turn outgrows any engine: it times out at once). Such a
+trajectory -- done or timed out *while this decision's commands were applied* -- is left out
+of a later Move or Interrupt of the same decision (:func:`overtaken`) instead of failing the
+run; one that had finished before the policy decided is still the policy's error.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from random import Random
 
 from rlsched.cluster.commands import (
@@ -39,6 +47,7 @@ from rlsched.cluster.commands import (
 )
 from rlsched.cluster.errors import PolicyError
 from rlsched.cluster.events import Event, TrainStepFinished
+from rlsched.cluster.ids import TrajStatus
 from rlsched.cluster.legality import check
 from rlsched.cluster.policy import Policy
 from rlsched.cluster.state import ClusterState
@@ -47,6 +56,8 @@ from rlsched.cluster.view import ClusterView, ReadOnlyView
 from .backend import Backend
 from .recording import EventSink, record_command, record_event
 from .trainer_queue import TrainerQueue
+
+_COMPLETED = (TrajStatus.DONE, TrajStatus.TIMED_OUT)
 
 
 class DriverLoop:
@@ -104,7 +115,12 @@ class DriverLoop:
                     record_event(rec, now(), ev, st)
                 if step_recorded is not None and type(ev) is TrainStepFinished:
                     step_recorded()
+                seq = st.finish_seq
                 for cmd in policy.on_event(ev, view):
+                    if st.finish_seq != seq and type(cmd) in (Move, Interrupt):
+                        cmd = overtaken(st, cmd, seq)
+                        if cmd is None:
+                            continue
                     check(st, cmd, defers=defers)
                     if rec is not None:
                         record_command(rec, now(), cmd, st)
@@ -145,3 +161,15 @@ class DriverLoop:
                 b.set_timer(at, tag)
             case _:
                 raise PolicyError(f"unknown command {cmd!r}: expected one of rlsched.cluster.commands")
+
+
+def overtaken(st: ClusterState, cmd: Move | Interrupt, seq: int) -> Move | Interrupt | None:
+    """``cmd`` without the trajectories that finished done or timed out after ``seq`` (the
+    state's ``finish_seq`` when the policy decided): earlier commands of the same decision
+    finished them (see the module docstring). None if that leaves nothing."""
+    trajs = st.trajs
+    keep = tuple(t for t in cmd.trajectories
+                 if not (trajs[t].finished_seq > seq and trajs[t].status in _COMPLETED))
+    if len(keep) == len(cmd.trajectories):
+        return cmd
+    return replace(cmd, trajectories=keep) if keep else None
