@@ -266,13 +266,12 @@ class TailSpreader:
         while another had room (elastic bench, staleness 1: the growing preset 4.1% faster
         at 256 GPUs, 0.2% slower at 64, no other point moved; a small tp-2 cluster of the
         seed preset, ``tests/test_elastic_kv_pressure.py``, 7.8% faster). Only when some
-        engine has a queue: the common case checks one sum. ``sent``: the
-        commands of this decision so far (engines leaving rollout take nothing and send
-        nothing -- a Reassign drains an engine's work, interrupting it: the fault sweep,
-        16 GPUs of tp 2, a tight KV cache, 'Move of ... which is interrupted, not queued or
-        running' --; a trajectory moved already, by ``steal``, stays where that sent it, and
-        one ``cut_stop`` interrupted is no longer queued). Like
-        theirs, its moves are once per trajectory."""
+        engine has a queue: the common case checks one sum. ``sent``: the commands of this
+        decision so far, since the view does not change while the policy decides -- an
+        engine a Reassign sends out of rollout takes and gives nothing (its drain moves its
+        own work), one a Move lands on takes nothing more, and a trajectory already moved
+        (``steal``) or interrupted (``cut_stop``) stays out. Like theirs, its moves are once
+        per trajectory."""
         if not view.rollout_totals().engines_with_queue:
             return []
         leaving = {view.engine_of(g) for c in sent if isinstance(c, Reassign) for g in c.gpus}
@@ -293,12 +292,12 @@ class TailSpreader:
                 i = view.trajectory(t)
                 if not i.pinned or i.engine not in full or t in moved or t in self._moved:
                     continue
-                room = [(kv, -e) for e, kv in free.items() if kv >= 2 * i.tokens and infos[e].version >= floor]
+                room = [e for e, kv in free.items() if kv >= 2 * i.tokens and infos[e].version >= floor]
                 if not room:
                     continue
-                _, e = max(room)
-                free[-e] -= i.tokens
+                dest = max(room, key=lambda e: (free[e], -e))  # (the most free KV; ties: lowest id)
+                free[dest] -= i.tokens
                 self._moved.add(t)
-                out.append(Move((t,), engine=-e))
+                out.append(Move((t,), engine=dest))
         return out
 
