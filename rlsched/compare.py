@@ -359,4 +359,14 @@ def resolve_specs(policy: Sequence[str], policies: str | None, from_config: Sequ
         specs = list(from_config)
     if not specs:
         specs = ["colocated", "async"]
+    # (two runs of one spec are the same deterministic replay; summary.csv had two rows of
+    # one name and the report, which tells them apart as 'NAME #1'/'NAME #2', then failed
+    # with an IndexError looking up its own names in compare's summary)
+    seen: set[str] = set()
+    for spec in specs:
+        key = spec.strip()
+        if key in seen:
+            raise ConfigError(f"policy {key!r} is given twice: each spec runs once (a replay is "
+                              "deterministic, a second run repeats the first); drop the repeat")
+        seen.add(key)
     return tuple(specs)

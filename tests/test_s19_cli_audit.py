@@ -36,6 +36,43 @@ def one_error(argv: list[str]) -> str:
     return res.err.strip()
 
 
+# ------------------------------------------------- a policy spec given twice to compare
+
+
+@pytest.mark.parametrize("args", [
+    ["--policies", "colocated,colocated"],
+    ["--policies", "colocated", "--policy", "colocated"],
+    ["--policy", "async:staleness=1", "--policy", " async:staleness=1"],
+], ids=["policies", "policies+policy", "spaces"])
+def test_a_spec_given_twice_is_one_line(tmp_path, args):
+    """Was an IndexError traceback from the report (it names two runs of one label
+    'colocated #1'/'#2', then looked them up in compare's summary, which said 'colocated'
+    twice) after both runs had been simulated; now refused before any run."""
+    out = tmp_path / "out"
+    err = one_error(["compare", "--trace", str(write_trace(tmp_path)), *FAST, *args,
+                     "--out", str(out)])
+    assert "given twice" in err
+    assert not out.exists()
+
+
+def test_a_spec_given_twice_in_the_config_is_one_line(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('[[policy]]\nspec = "colocated"\n[[policy]]\nspec = "colocated"\n')
+    err = one_error(["compare", "--trace", str(write_trace(tmp_path)), *FAST, "--config",
+                     str(config), "--out", str(tmp_path / "out")])
+    assert "'colocated' is given twice" in err
+
+
+def test_distinct_specs_of_one_policy_still_compare(tmp_path):
+    out = tmp_path / "out"
+    res = run_cli(["compare", "--trace", str(write_trace(tmp_path)), *FAST, "--no-report",
+                   "--policy", "async", "--policy", "async:staleness=2", "--out", str(out)])
+    assert judge_cli(res, False) == "ok"
+    import pandas as pd
+
+    assert pd.read_csv(out / "summary.csv")["policy"].tolist() == ["async", "async:staleness=2"]
+
+
 # ------------------------------------------------- many GPUs: engines assembled in one pass
 
 
