@@ -123,8 +123,9 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> ConfigFile:
         raise ConfigError(f"{source}: [live] must be a table")
     _check_live_keys(live, source)
     trace = data.get("trace")
-    if trace is not None and not isinstance(trace, str):
-        raise ConfigError(f"{source}: trace must be a path string")
+    if trace is not None and (not isinstance(trace, str) or not trace.strip()):
+        # (an empty one resolved to the config's own folder: "'.': is a directory")
+        raise ConfigError(f"{source}: trace={shown(trace)}: expected the path of a trace file")
     logging = parse_logging(data["logging"], source) if "logging" in data else LoggingConfig()
     return ConfigFile(run, dict(cost), tuple(specs), dict(live), trace, source, logging)
 

@@ -73,6 +73,20 @@ def test_distinct_specs_of_one_policy_still_compare(tmp_path):
     assert pd.read_csv(out / "summary.csv")["policy"].tolist() == ["async", "async:staleness=2"]
 
 
+# ------------------------------------------------- config: trace = ""
+
+
+@pytest.mark.parametrize("value", ['""', '"  "', "5"])
+def test_config_trace_that_is_no_path_names_the_config(tmp_path, value):
+    """``trace = ""`` resolved to the config's own folder: "'.': is a directory -- expected
+    a trace file", naming neither the config nor its key."""
+    config = tmp_path / "c.toml"
+    config.write_text(f"trace = {value}\n")
+    err = one_error(["compare", *FAST, "--policies", "colocated", "--config", str(config),
+                     "--out", str(tmp_path / "out")])
+    assert f"{config}: trace=" in err and "expected the path of a trace file" in err
+
+
 # ------------------------------------------------- many GPUs: engines assembled in one pass
 
 
