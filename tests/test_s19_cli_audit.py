@@ -87,6 +87,44 @@ def test_config_trace_that_is_no_path_names_the_config(tmp_path, value):
     assert f"{config}: trace=" in err and "expected the path of a trace file" in err
 
 
+# ------------------------------------------------- env_seconds near float's limit
+
+
+@pytest.mark.parametrize("env", [1.5e308, 1e18, 1.0000001e9])
+def test_absurd_env_seconds_are_refused(tmp_path, env):
+    """1.5e308 s per turn summed to inf: "policy colocated stalled at t=infs ... the trainer
+    holds 0 GPUs, below its floor: give it at least 8" (blaming the cluster); 1e18 s ran,
+    its figures the noise of a clock whose resolution is 128 s."""
+    trace = write_trace(tmp_path, env=env)
+    err = one_error(["trace", "validate", str(trace)])
+    assert "column env_seconds" in err and "at most 1e+09" in err
+    out = tmp_path / "out"
+    err = one_error(["compare", "--trace", str(trace), *FAST, "--policies", "colocated",
+                     "--no-report", "--out", str(out)])
+    assert "column env_seconds" in err
+    assert not out.exists()
+
+
+def test_env_seconds_at_the_bound_still_run(tmp_path):
+    out = tmp_path / "out"
+    res = run_cli(["compare", "--trace", str(write_trace(tmp_path, env=1e9)), *FAST,
+                   "--policies", "colocated", "--no-report", "--out", str(out)])
+    assert judge_cli(res, False) == "ok"
+
+
+def test_import_estimates_a_duration_past_the_bound(tmp_path):
+    """An imported tool call of 1e12 s (a damaged timestamp) is estimated like one that
+    summed to inf, not a failure of the whole import."""
+    import numpy as np
+
+    from rlsched.traces.import_common import ImportedTrajectory, to_frame
+
+    traj = ImportedTrajectory("t", "x", (5, 5), (3, 3), (1e12, 2.0), ("ls", "ls"), False)
+    df = to_frame([traj], "words")
+    assert df["env_estimated"].tolist() == [True, False]
+    assert np.isfinite(df["env_seconds"]).all() and df["env_seconds"].max() <= 1e9
+
+
 # ------------------------------------------------- many GPUs: engines assembled in one pass
 
 

@@ -36,7 +36,7 @@ import pandas as pd
 
 from rlsched.cluster.errors import TraceError
 from rlsched.traces.envtime import estimate_env_seconds
-from rlsched.traces.schema import validate_trace
+from rlsched.traces.schema import MAX_ENV_SECONDS, validate_trace
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,9 @@ def to_frame(trajs: Sequence[ImportedTrajectory], token_source: str,
     traj_of_row = np.repeat(np.arange(len(trajs)), lengths)
     turn = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(starts, lengths)
     env = np.array([s for t in trajs for s in t.env_seconds], dtype=np.float64)
-    missing = np.isnan(env)
+    # (a duration past the schema's bound is damage, like one that summed to inf: estimated,
+    # not a failure of the whole import)
+    missing = np.isnan(env) | (env > MAX_ENV_SECONDS)
     if missing.any():
         rows = np.flatnonzero(missing)
         actions = [a for t in trajs for a in t.actions]

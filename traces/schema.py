@@ -40,6 +40,13 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
     "policy_version",
 )
 
+#: The most seconds of environment time one turn may take: about 32 years, longer than any
+#: tool call (the fault schedule's bound, ``cluster.faults.MAX_SECONDS``). Past it the value
+#: is damage or a stand-in for "never": 1.5e308 s summed to inf and the run "stalled at
+#: t=infs" blaming the trainer's GPUs, and at 1e18 s the clock's resolution (128 s) swallowed
+#: every decode and training time, so the figures were noise.
+MAX_ENV_SECONDS = 1e9
+
 _ID_COLUMNS = ("task_id", "trajectory_id")
 _INT_COLUMNS = ("turn", "prompt_tokens", "output_tokens")
 _NULLABLE_INT_COLUMNS = ("branch_turn", "step", "policy_version")
@@ -218,8 +225,8 @@ def _float_column(df: pd.DataFrame, col: str, where: _Where, *, allow_nan: bool)
         bad = np.isinf(vals)
         what = "a finite number or missing"
     else:
-        bad = ~np.isfinite(vals) | (vals < 0)
-        what = "a finite number of seconds >= 0"
+        bad = ~np.isfinite(vals) | (vals < 0) | (vals > MAX_ENV_SECONDS)
+        what = f"a finite number of seconds >= 0 and at most {MAX_ENV_SECONDS:g} (about 32 years)"
     if bad.any():
         pos = _first(bad)
         raise where.fail(pos, col, df[col].iloc[pos], what)
