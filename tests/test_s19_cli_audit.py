@@ -147,3 +147,24 @@ def test_assembly_lands_many_gpus_in_linear_time():
     assert [f.engine for f in formed] == list(range(gpus // 4))
     assert all(f.opens for f in formed)
     assert calls <= 2 * gpus
+
+
+# ------------------------------------------------- run --policy A --policy B
+
+
+def test_run_refuses_a_second_policy(tmp_path):
+    """``run --policy colocated --policy async`` silently ran async alone (a plain option:
+    the last one won), though compare's --policy repeats."""
+    out = tmp_path / "out"
+    err = one_error(["run", "--trace", str(write_trace(tmp_path)), *FAST, "--policy", "colocated",
+                     "--policy", "async", "--out", str(out)])
+    assert "run takes one --policy (got 2: colocated, async)" in err and "rlsched compare" in err
+    assert not out.exists()
+
+
+def test_run_with_one_policy_still_runs(tmp_path):
+    out = tmp_path / "out"
+    res = run_cli(["run", "--trace", str(write_trace(tmp_path)), *FAST, "--policy", "async",
+                   "--out", str(out)])
+    assert judge_cli(res, False) == "ok"
+    assert [p.name for p in (out / "runs").iterdir()] == ["00-async"]

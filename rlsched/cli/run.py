@@ -112,7 +112,7 @@ def compare_cmd(
 
 def run_cmd(
     out: Annotated[Path, typer.Option("--out", help="Output directory (summary.csv, runs/, report.html), with or without --live.")],
-    policy: Annotated[str | None, typer.Option("--policy", help="Policy spec NAME[:key=value,...]; default: the config's first [[policy]].")] = None,
+    policy_given: Annotated[list[str] | None, typer.Option("--policy", help="Policy spec NAME[:key=value,...]; default: the config's first [[policy]].")] = None,
     live: Annotated[bool, typer.Option("--live", help="Run on the live backend (Ray + vLLM + Megatron-core).")] = False,
     trace: TraceOpt = None,
     config: ConfigOpt = None,
@@ -137,6 +137,12 @@ def run_cmd(
     interrupted compare)."""
     from rlsched.policies import make_policy, make_policy_and_spec
 
+    # (a plain option: `--policy a --policy b` silently ran b alone, though compare's
+    # --policy repeats)
+    if policy_given and len(policy_given) > 1:
+        raise ConfigError(f"run takes one --policy (got {len(policy_given)}: {', '.join(policy_given)}); "
+                          "to run several, use rlsched compare --policy A --policy B")
+    policy = policy_given[0] if policy_given else None
     if policy is None:
         policies = load_config(config).policies if config is not None else ()
         if not policies and not (live and resume):  # a resume can take the run's own policy
