@@ -168,3 +168,22 @@ def test_run_with_one_policy_still_runs(tmp_path):
                    "--out", str(out)])
     assert judge_cli(res, False) == "ok"
     assert [p.name for p in (out / "runs").iterdir()] == ["00-async"]
+
+
+# ------------------------------------------------- cost show: its flags in its own words
+
+
+def test_cost_show_seq_0_says_why_memory_is_not_modelled():
+    """``--seq 0`` (the cost model's 'memory not modelled', as bench/regime_map.py uses it)
+    printed a named preset's trainer as "memory not modelled (no preset)"."""
+    res = run_cli(["cost", "show", "--model", "qwen2.5-32b", "--gpu", "h200", "--seq", "0"])
+    assert judge_cli(res, False) == "ok"
+    assert "memory not modelled (--seq 0)" in res.out and "no preset" not in res.out
+    res = run_cli(["cost", "show", "--model", "none"])
+    assert "memory not modelled (no preset)" in res.out
+
+
+def test_cost_show_huge_tp_names_tp():
+    """Was "run config: gpus=2000000: expected at most 1,048,576", a flag cost show has not."""
+    err = one_error(["cost", "show", "--model", "qwen2.5-32b", "--gpu", "h200", "--tp", "1000000"])
+    assert "--tp=1000000" in err and "gpus=" not in err

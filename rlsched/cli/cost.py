@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from rlsched.cli.run import ConfigOpt, CostOpt, GpuOpt, ModelOpt
+from rlsched.cluster.config import MAX_SLOTS
 from rlsched.cluster.errors import ConfigError
 
 cost_app = typer.Typer(help="Inspect the cost model: presets and derived figures.", no_args_is_help=True)
@@ -60,14 +61,20 @@ def show_cmd(
     # (the figures are per engine: a --tp the default cluster's 64 GPUs do not divide was
     # refused as "gpus=64 is not a multiple of tp=3", a flag this command does not have)
     gpus = 2 * tp if tp is not None and tp >= 1 and 64 % tp else None
+    if gpus is not None and gpus > MAX_SLOTS:  # (was "run config: gpus=2000000", a flag it has not)
+        raise ConfigError(f"--tp={tp}: expected at most {MAX_SLOTS // 2:,} (the figures are for "
+                          f"a cluster of two engines, at most {MAX_SLOTS:,} GPUs)")
     _cfg, run, c = resolve_settings(config, cost, model_preset, gpu_preset, tp=tp, gpus=gpus)
     if seq is not None:
         c = replace(c, train_seq_tokens=float(seq))  # type: ignore[type-var]
-    for line in describe(c, run.tp, context):  # type: ignore[arg-type]
+    # (--seq 0 is the cost model's "trainer memory not modelled", as in bench/regime_map.py;
+    # on a named preset it was printed as "not modelled (no preset)")
+    why = "--seq 0" if seq == 0 else "no preset"
+    for line in describe(c, run.tp, context, why):  # type: ignore[arg-type]
         typer.echo(line)
 
 
-def describe(c: object, tp: int, context: float = 32768.0) -> list[str]:
+def describe(c: object, tp: int, context: float = 32768.0, why: str = "no preset") -> list[str]:
     """The lines of ``cost show`` (a function, so tests read the same figures)."""
     from rlsched.sim.cost import CostModel
     from rlsched.sim.memory import min_engine_gpus, reshard_s, train_job_s, train_layout
@@ -116,7 +123,7 @@ def describe(c: object, tp: int, context: float = 32768.0) -> list[str]:
                       else f"{_way(far)} (flat: KV / kv_transfer_bw, or re-prefill)"))
     lay = train_layout(c)
     if lay.memory is None:
-        out.append("trainer    memory not modelled (no preset): floor 1 GPU, grows by 1, free resharding, "
+        out.append(f"trainer    memory not modelled ({why}): floor 1 GPU, grows by 1, free resharding, "
                    "perfect scaling")
         return out
     m = lay.memory
