@@ -187,3 +187,16 @@ def test_cost_show_huge_tp_names_tp():
     """Was "run config: gpus=2000000: expected at most 1,048,576", a flag cost show has not."""
     err = one_error(["cost", "show", "--model", "qwen2.5-32b", "--gpu", "h200", "--tp", "1000000"])
     assert "--tp=1000000" in err and "gpus=" not in err
+
+
+# ------------------------------------------------- trace gen --like X --out X
+
+
+def test_trace_gen_like_refuses_to_overwrite_its_source(tmp_path):
+    """The trace fitted to was silently replaced by the synthetic one (trace import refuses
+    the same for its logs)."""
+    like = write_trace(tmp_path)
+    before = like.read_bytes()
+    err = one_error(["trace", "gen", "--like", str(like), "--out", str(tmp_path / "." / like.name)])
+    assert "is the --like trace" in err
+    assert like.read_bytes() == before

@@ -6,6 +6,7 @@ one line and exit code 2 by :mod:`rlsched.cli`; nothing here catches them.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Annotated
@@ -74,6 +75,11 @@ def gen(
         if ignored:
             raise ConfigError(f"{ignored[0]} does not apply with --like (the lengths come from "
                               f"the fitted trace): drop one of them")
+        if os.path.realpath(out) == os.path.realpath(like):
+            # (as trace import refuses an --out that is one of its logs: the trace fitted to
+            # was silently replaced by the synthetic one)
+            raise ConfigError(f"--out {out}: is the --like trace {like}, which writing the "
+                              "generated trace would overwrite; give another file name")
         _gen_like(like, out, seed, tasks, samples)
         return
     overrides: dict[str, float] = {}
