@@ -62,6 +62,10 @@ class ComparePlan:
     specs: tuple[str, ...]
     config: RunConfig
     cost: CostModel
+    #: Other files the command read (its --config, --cost): like the trace, never deleted by
+    #: an --out --force that holds them (``--config OUT/recommended.toml --out OUT --force``
+    #: deleted the config it had just read).
+    inputs: tuple[Path, ...] = ()
 
 
 class RunFailed(RlschedError):
@@ -165,7 +169,7 @@ def compare(
     cfg = plan.config
     workload, batches = replay_workload(plan.trace_path, cfg.steps, cfg.tasks_per_step, cfg.samples_per_task)
     preflight(plan, workload, batches)
-    tmp = prepare_out_dir(out, force, inputs=(plan.trace_path,))
+    tmp = prepare_out_dir(out, force, inputs=(plan.trace_path, *plan.inputs))
     timing: list[tuple[str, str, str, float]] = []  # (part, policy, run_dir, wall seconds)
     try:
         run_dirs: list[Path] = []

@@ -11,6 +11,7 @@ import each other's drivers.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +70,14 @@ def replay(live: RunRecord, cost: Any, out_dir: Path) -> RunRecord:
 
 
 def fidelity(live_dir: Path, cost: Any, out_dir: Path, *, force: bool = False,
-             repeat: Path | None = None) -> FidelityResult:
+             repeat: Path | None = None, inputs: Sequence[Path] = ()) -> FidelityResult:
     """Replay ``live_dir`` under ``cost``; write ``out_dir``/fidelity.csv and the replay
     (``out_dir/sim``). Like ``compare``, it writes into a temporary sibling that replaces
     ``out_dir`` only when everything succeeded."""
     live = live_record(Path(live_dir))
     rep = read_run(repeat) if repeat is not None else None
     out = Path(out_dir)
-    tmp = prepare_out_dir(out, force, inputs=(live_dir, *((repeat,) if repeat is not None else ())))
+    tmp = prepare_out_dir(out, force, inputs=(live_dir, *((repeat,) if repeat is not None else ()), *inputs))
     try:
         result = compare_runs(live, replay(live, cost, tmp / "sim"), rep)
         write_tables(result, tmp)

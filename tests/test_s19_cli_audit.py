@@ -200,3 +200,35 @@ def test_trace_gen_like_refuses_to_overwrite_its_source(tmp_path):
     err = one_error(["trace", "gen", "--like", str(like), "--out", str(tmp_path / "." / like.name)])
     assert "is the --like trace" in err
     assert like.read_bytes() == before
+
+
+# ------------------------------------------------- --config/--cost inside --out --force
+
+
+def _inputs_inside(folder: Path) -> tuple[Path, Path]:
+    folder.mkdir()
+    config = folder / "cfg.toml"
+    config.write_text("[cluster]\ngpus = 16\n[run]\nsteps = 2\n")
+    cost = folder / "cost.json"
+    cost.write_text('{"switch_s": 1.0}')
+    return config, cost
+
+
+@pytest.mark.parametrize("command", [
+    ["compare", "--policies", "colocated", "--no-report"],
+    ["run", "--policy", "colocated"],
+    ["plan", "--no-sensitivity", "--no-report", "--workers", "1", "--trials", "1"],
+], ids=["compare", "run", "plan"])
+@pytest.mark.parametrize("which", ["--config", "--cost"])
+def test_force_does_not_delete_the_config_or_cost_file_it_read(tmp_path, command, which):
+    """Only the trace was guarded: ``--config OUT/recommended.toml --out OUT --force`` (the
+    natural re-run of a plan) deleted the config it had just read, and a --cost file too."""
+    out = tmp_path / "out"
+    config, cost = _inputs_inside(out)
+    given = config if which == "--config" else cost
+    args = ["--config", str(config)] if which == "--config" else ["--cost", str(cost), "--gpus", "16",
+                                                                  "--steps", "2"]
+    err = one_error([*command, "--trace", str(write_trace(tmp_path)), "--model", "none", *args,
+                     "--out", str(out), "--force"])
+    assert f"holds the input {given}" in err
+    assert config.exists() and cost.exists()

@@ -109,7 +109,8 @@ def fidelity_cmd(
     from rlsched.sim.cost import CostModel
 
     model = CostModel.from_file(cost) if cost is not None else CostModel()
-    result = fidelity(run_dir, model, out, force=force, repeat=repeat)
+    result = fidelity(run_dir, model, out, force=force, repeat=repeat,
+                      inputs=(cost,) if cost is not None else ())
     write_fidelity_report(result, out, cost_file=cost)
     s = result.summary
     spread = "" if s.get("spread_median_pct") is None else f", live spread median {s['spread_median_pct']:.1f}%"

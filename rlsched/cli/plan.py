@@ -22,6 +22,7 @@ from rlsched.cli.run import (
     TasksOpt,
     TpOpt,
     TraceOpt,
+    read_files,
     resolve_settings,
     resolve_trace_path,
 )
@@ -82,6 +83,7 @@ def plan_cmd(
         max_staleness=max_staleness, budget_minutes=budget_minutes, max_trials=trials,
         seed=run.seed, workers=workers, ray=ray, policies=names, resamples=resamples, top=top,
         flag_pct=flag_pct, sensitivity=not no_sensitivity, report=not no_report,
+        inputs=read_files(config, cost),
     )
     with _progress() as progress:
         result = plan(req, out, force=force, progress=progress)

@@ -55,6 +55,11 @@ def resolve_trace_path(trace: Path | None, cfg: ConfigFile) -> Path:
     return sample_trace_path()
 
 
+def read_files(*paths: Path | None) -> tuple[Path, ...]:
+    """The input files given (--config, --cost): an --out --force must not delete them."""
+    return tuple(p for p in paths if p is not None)
+
+
 def register(app: typer.Typer) -> None:
     app.command("compare")(compare_cmd)
     app.command("run")(run_cmd)
@@ -92,7 +97,8 @@ def compare_cmd(
         samples_per_task=samples_per_task, seed=seed, check=check or None,
     )
     specs = resolve_specs(policy or [], policies, cfg.policies)
-    plan = ComparePlan(resolve_trace_path(trace, cfg), specs, run, model)  # type: ignore[arg-type]
+    plan = ComparePlan(resolve_trace_path(trace, cfg), specs, run, model,  # type: ignore[arg-type]
+                       read_files(config, cost))
     try:
         with step_progress(specs, run.steps) as progress:
             summary = compare(plan, out, force=force, progress=progress, report=not no_report)
@@ -185,7 +191,8 @@ def run_cmd(
                 live_table = {**cfg.live, **{k: v for k, v in (("gpus", gpus), ("tp", tp)) if v is not None}}
                 run_live(policy, make=make_policy_and_spec, steps=run.steps, out_dir=run_dir,
                          config={"run": run, "live": live_table, "force": force, "resume": resume,
-                                 "logging": logging, "prepare": lambda: prepare_live_out(out, force=force)},
+                                 "logging": logging,
+                                 "prepare": lambda: prepare_live_out(out, force=force, inputs=read_files(config))},
                          seed=run.seed)
         except BaseException:
             if not resume:
@@ -204,7 +211,8 @@ def run_cmd(
         config, cost, model_preset, gpu_preset, gpus=gpus, tp=tp, steps=steps, tasks_per_step=tasks_per_step,
         samples_per_task=samples_per_task, seed=seed, check=check or None,
     )
-    plan = ComparePlan(resolve_trace_path(trace, cfg), (policy,), run, model)  # type: ignore[arg-type]
+    plan = ComparePlan(resolve_trace_path(trace, cfg), (policy,), run, model,  # type: ignore[arg-type]
+                       read_files(config, cost))
     with step_progress((policy,), run.steps) as progress:
         summary = compare(plan, out, force=force, progress=progress)
     print_summary(summary)
@@ -212,13 +220,13 @@ def run_cmd(
 
 
 # ----------------------------------------------------------------------------- live layout
-def prepare_live_out(out: Path, *, force: bool) -> None:
+def prepare_live_out(out: Path, *, force: bool, inputs: tuple[Path, ...] = ()) -> None:
     """``--out`` for a fresh live run: absent, empty, or replaced with --force (as compare)."""
     import shutil
 
     from rlsched.compare import check_out_dir
 
-    check_out_dir(out, force)
+    check_out_dir(out, force, inputs)
     if out.is_dir() and any(out.iterdir()):
         if not force:
             raise ConfigError(f"--out {out}: directory is not empty (use --force to replace it, "

@@ -153,7 +153,7 @@ def plan(req: PlanRequest, out: Path, *, force: bool = False,
     run = resolve_run(req.run, req.trace)
     arms = build_arms(req.policies, req.max_staleness, run.gpus // run.tp)
     setup = PlanSetup(req.trace, run, req.cost)
-    tmp = prepare_out_dir(out, force, inputs=(req.trace_path,))
+    tmp = prepare_out_dir(out, force, inputs=(req.trace_path, *req.inputs))
     runner: CachedRunner | None = None
     try:
         runner = make_runner(setup, req.workers, req.ray)

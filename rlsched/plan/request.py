@@ -34,6 +34,8 @@ class PlanRequest:
     flag_pct: float = 5.0
     sensitivity: bool = True
     report: bool = True
+    #: Other files read (--config, --cost): an --out --force that holds them must not delete them.
+    inputs: tuple[Path, ...] = ()
 
 
 @dataclass
