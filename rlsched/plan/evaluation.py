@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import socket
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -254,6 +255,30 @@ class LocalRunner:
             self._pool = None
 
 
+#: Seconds a Ray address (``host:port``) has to accept a connection before --ray gives up.
+RAY_CONNECT_TIMEOUT_S = 10.0
+
+
+def _check_reachable(address: str, timeout: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Refuse, in seconds, a ``host:port`` (or ``ray://host:port``) that nothing answers at:
+    ``ray.init`` retried one for many minutes (``--ray bogus:1234`` ran past 6.5 minutes,
+    logging a retry every few seconds), deaf to Ctrl-C while it waited inside Ray's own
+    client. ``auto``, ``local`` and forms other than host:port are left to Ray."""
+    if address in ("auto", "local"):
+        return
+    host, sep, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    host = host.strip("[]")  # (an IPv6 address in brackets)
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except (OSError, OverflowError, ValueError) as exc:  # (a port past 65535: OverflowError)
+        reason = (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)) or type(exc).__name__
+        raise LiveBackendError(f"--ray {address}: cannot connect to a Ray cluster (nothing answers at "
+                               f"{host}:{port}: {reason}); expected 'auto', 'local' or the address "
+                               "of a running Ray head") from None
+
+
 class RayRunner:
     """Jobs as Ray tasks on an existing cluster (``address``: ``auto`` or ``host:port``),
     or on a private two-CPU cluster started for this plan (``local``).
@@ -269,6 +294,7 @@ class RayRunner:
             raise LiveBackendError(
                 "--ray needs the ray package: pip install -e '.[live]' (or pip install 'ray[default]')"
             ) from None
+        _check_reachable(address)
         kw: dict[str, Any] = {}
         if address == "local":  # a private cluster for this plan only (tests, one machine)
             kw = {"num_cpus": 2, "include_dashboard": False}
