@@ -14,6 +14,7 @@ uses ``[cluster]``. Command-line ``--gpus``/``--tp`` override both.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -156,4 +157,6 @@ def _convert(key: str, value: Any, default: Any) -> Any:
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"[live] {key}={value!r}: expected a number")
+    if not math.isfinite(value):  # (TOML writes nan and inf: temperature = nan passed check())
+        raise ConfigError(f"[live] {key}={value!r}: expected a finite number")
     return float(value)

@@ -138,6 +138,13 @@ def _check_live_keys(live: dict[str, Any], source: str) -> None:
     for k in live:
         if k not in known:
             raise ConfigError(f"{source}: [live] unknown key {k!r}{did_you_mean(k, known)}")
+    # Its values too (LiveSettings is plain data, no live dependency): a wrong one -- a
+    # string for an integer, temperature = -1 or nan -- was carried by compare and plan
+    # (into recommended.toml) and refused only when the file was finally run live.
+    try:
+        LiveSettings.from_config(live)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def _check_spec(spec: str, source: str, i: int) -> None:

@@ -33,6 +33,27 @@ _FLAGS = ("seed", "processor", "check")
 _RUN_KEYS = tuple(f.name for f in fields(RunConfig))
 _SECTIONS = ("cluster", "run", "cost", "policy", "live", "trace", "faults")
 _LIVE_KEYS = tuple(f.name for f in fields(LiveSettings))
+_LIVE_DEFAULTS = {f.name: f.default for f in fields(LiveSettings)}
+
+
+def _live_value(key: str) -> st.SearchStrategy:
+    """A value [live] ``key`` accepts (session 19: values are checked when a file is read,
+    not only its keys): any flag or text, and the default for a number (numbers have ranges
+    and one cross-check, max_tokens_per_turn < max_model_len)."""
+    default = _LIVE_DEFAULTS[key]
+    if isinstance(default, bool):
+        return st.booleans()
+    if isinstance(default, tuple):
+        return st.lists(st.text(TEXT_CHARS, max_size=5), max_size=2)
+    if default is None or isinstance(default, str):
+        return st.text(TEXT_CHARS, max_size=8)
+    return st.just(default)
+
+
+#: [live] values that are refused: a wrong type, out of range, not finite.
+_BAD_LIVE = ({"tasks_per_step": 0}, {"tasks_per_step": False}, {"model": False},
+             {"temperature": math.nan}, {"temperature": -1.0}, {"tool_seconds": math.inf},
+             {"lr": "fast"}, {"gpus": -1}, {"max_tokens_per_turn": 5000})
 
 
 @dataclass(frozen=True)
@@ -72,8 +93,10 @@ def valid_configs(draw, *, small: bool = True) -> dict:
     if draw(st.booleans()):
         data["policy"] = [{"spec": draw(valid_specs()).spec.strip()} for _ in range(draw(st.integers(1, 2)))]
     if draw(st.booleans()):
-        # (known keys: an unknown one is refused when the file is read, live run or not)
-        data["live"] = draw(st.dictionaries(st.sampled_from(_LIVE_KEYS), TOML_SCALARS, max_size=2))
+        # (known keys and values they take: an unknown key or a wrong value is refused when
+        # the file is read, live run or not)
+        keys = draw(st.lists(st.sampled_from(_LIVE_KEYS), max_size=2, unique=True))
+        data["live"] = {k: draw(_live_value(k)) for k in keys}
     return data
 
 
@@ -96,7 +119,7 @@ def broken_configs(draw) -> ConfigCase:
         "unknown section", "unknown key", "count of the wrong type", "flag of the wrong type",
         "zero or negative count", "gpus not a multiple of tp", "a single engine",
         "section not a table", "bad [[policy]]", "trace not a string", "unknown cost field",
-        "bad policy spec", "unknown [live] key",
+        "bad policy spec", "unknown [live] key", "bad [live] value",
     ]))
     run_tables = [s for s in ("cluster", "run") if s in data] or ["run"]
     table = draw(st.sampled_from(run_tables))
@@ -108,6 +131,11 @@ def broken_configs(draw) -> ConfigCase:
     elif kind == "unknown [live] key":
         live = data["live"] if isinstance(data.get("live"), dict) else {}
         data["live"] = {**live, draw(NAME.filter(lambda k: k not in _LIVE_KEYS)): draw(TOML_SCALARS)}
+    elif kind == "bad [live] value":
+        live = data["live"] if isinstance(data.get("live"), dict) else {}
+        bad = draw(st.sampled_from(_BAD_LIVE))
+        data["live"] = {**live, **bad}
+        return ConfigCase(f"{kind}: {bad!r}", data, True)
     elif kind == "count of the wrong type":
         key = draw(st.sampled_from(_COUNTS))
         _drop(data, key)

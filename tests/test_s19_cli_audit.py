@@ -259,3 +259,32 @@ def test_plan_ray_address_nothing_answers_is_one_line_in_seconds(tmp_path, form)
     assert judge_cli(res, True) == "clean error"
     assert f"--ray {address}: cannot connect to a Ray cluster (nothing answers at" in res.err
     assert not out.exists()
+
+
+# ------------------------------------------------- [live] values checked when the file is read
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("temperature = nan", "[live] temperature=nan: expected a finite number"),
+    ("tool_seconds = inf", "[live] tool_seconds=inf: expected a finite number"),
+    ('gpus = "two"', "[live] gpus='two': expected an integer"),
+    ("temperature = -1", "[live] temperature=-1.0: expected >= 0"),
+])
+def test_live_values_are_checked_when_the_config_is_read(tmp_path, line, expected):
+    """Only [live]'s keys were checked when a file was read: a wrong value rode through
+    compare and plan (into recommended.toml) and failed only once run live -- and nan or inf
+    (TOML writes both) passed even that (temperature = nan sampled with a NaN temperature)."""
+    config = tmp_path / "c.toml"
+    config.write_text(f"[live]\n{line}\n")
+    err = one_error(["compare", "--trace", str(write_trace(tmp_path)), *FAST, "--policies",
+                     "colocated", "--no-report", "--config", str(config), "--out", str(tmp_path / "o")])
+    assert err == f"rlsched: error: {config}: {expected}"
+
+
+def test_live_settings_refuse_non_finite_numbers():
+    from rlsched.cluster.errors import ConfigError
+    from rlsched.real.config import LiveSettings
+
+    with pytest.raises(ConfigError, match=r"temperature=nan: expected a finite number"):
+        LiveSettings.from_config({"temperature": float("nan")})
+    assert LiveSettings.from_config({"temperature": 0.5}).temperature == 0.5
