@@ -288,3 +288,30 @@ def test_live_settings_refuse_non_finite_numbers():
     with pytest.raises(ConfigError, match=r"temperature=nan: expected a finite number"):
         LiveSettings.from_config({"temperature": float("nan")})
     assert LiveSettings.from_config({"temperature": 0.5}).temperature == 0.5
+
+
+# ------------------------------------------------- JSON null named as JSON says it
+
+
+@pytest.mark.parametrize(("fmt", "name", "text", "expected"), [
+    ("mini-swe-agent", "t.traj.json", '{"messages": [null], "info": {}}', "messages[0] is a JSON null"),
+    ("openhands", "o.jsonl", '{"instance_id": "x", "history": [null]}', "history[0] is a JSON null"),
+    ("swe-agent", "t.traj", '{"trajectory": [null], "history": [], "info": {}}',
+     "trajectory step 0 is a JSON null"),
+    ("verl", "1.jsonl", '{"input": null, "output": "b", "score": 1}', "'input' is a JSON null"),
+    ("messages", "m.jsonl", "null", "line 1: a JSON null"),
+], ids=["mini-swe-agent", "openhands", "swe-agent", "verl", "messages"])
+def test_import_names_a_json_null_null(tmp_path, fmt, name, text, expected):
+    """The skip reasons said "a JSON NoneType", Python's name for JSON's null."""
+    log = tmp_path / name
+    log.write_text(text + "\n")
+    err = one_error(["trace", "import", "--format", fmt, str(log), "--out", str(tmp_path / "t.jsonl")])
+    assert expected in err and "NoneType" not in err
+
+
+def test_trace_load_names_a_json_null_null(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"task_id": "a", "trajectory_id": "a", "turn": 0, "prompt_tokens": 1, '
+                     '"output_tokens": 1, "env_seconds": 0}\nnull\n')
+    err = one_error(["trace", "validate", str(trace)])
+    assert "line 2: a JSON null" in err

@@ -36,7 +36,7 @@ import pandas as pd
 
 from rlsched.cluster.errors import TraceError
 from rlsched.traces.envtime import estimate_env_seconds
-from rlsched.traces.schema import MAX_ENV_SECONDS, validate_trace
+from rlsched.traces.schema import MAX_ENV_SECONDS, json_name, validate_trace
 
 
 @dataclass(frozen=True)
@@ -273,7 +273,7 @@ def shape_of(value: Any, *, expected_format: str) -> str:
     if value is None:
         return "null"
     if not isinstance(value, dict):
-        return f"a JSON {type(value).__name__}"
+        return f"a JSON {json_name(value)}"
     keys = sorted(json.dumps(str(k), ensure_ascii=False)[1:-1][:40] for k in value)
     shown = ", ".join(keys[:6]) + (", ..." if len(keys) > 6 else "")
     guess = next((name for name, marks in _FORMAT_MARKS if marks <= value.keys()), None)

@@ -61,6 +61,7 @@ from rlsched.traces.import_common import (
     read_bytes_text,
     timestamp_seconds,
 )
+from rlsched.traces.schema import json_name
 from rlsched.traces.tokens import TokenCounter, count_all, text_of
 
 SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -188,7 +189,7 @@ def read_record(rec: Any, where: str, default_id: str,
                 counter: TokenCounter) -> ImportedTrajectory:
     """One transcript record -> one trajectory; ``where`` names it in errors (file:line)."""
     if not isinstance(rec, dict):
-        raise TraceError(f"{where}: a JSON {type(rec).__name__} — expected one transcript "
+        raise TraceError(f"{where}: a JSON {json_name(rec)} — expected one transcript "
                          f"object per line")
     key = next((k for k in MESSAGE_KEYS if isinstance(rec.get(k), list)), None)
     if key is None:

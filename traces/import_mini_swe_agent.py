@@ -69,6 +69,7 @@ from rlsched.traces.import_common import (
     usage_prompt_deltas,
     whole_number,
 )
+from rlsched.traces.schema import json_name
 from rlsched.traces.tokens import TokenCounter, count_all, text_of
 
 SUFFIXES = (".json",)
@@ -179,7 +180,7 @@ def read_trajectory(path: Path, doc: Any, counter: TokenCounter) -> ImportedTraj
     msgs = doc["messages"]
     for i, msg in enumerate(msgs):
         if not isinstance(msg, dict):
-            raise TraceError(f"{path}: messages[{i}] is a JSON {type(msg).__name__} — expected "
+            raise TraceError(f"{path}: messages[{i}] is a JSON {json_name(msg)} — expected "
                              f"a message object")
     v2 = doc.get("trajectory_format") == "mini-swe-agent-1.1" or any(
         "actions" in _extra(m) for m in msgs)

@@ -67,6 +67,7 @@ from rlsched.traces.import_common import (
     usage_prompt_deltas,
     whole_number,
 )
+from rlsched.traces.schema import json_name
 from rlsched.traces.tokens import TokenCounter, count_all, text_of
 
 SUFFIXES = (".jsonl",)
@@ -344,7 +345,7 @@ def _events(rec: dict, where: str) -> tuple[list[dict], bool]:
         elif isinstance(item, dict):
             events.append(item)
         else:
-            raise TraceError(f"{where}: history[{i}] is a JSON {type(item).__name__} — "
+            raise TraceError(f"{where}: history[{i}] is a JSON {json_name(item)} — "
                              f"expected an event object (or an [action, observation] pair)")
     return events, any("kind" in ev for ev in events)
 

@@ -58,6 +58,7 @@ from typing import Any
 
 from rlsched.cluster.errors import TraceError
 from rlsched.traces.import_common import ImportedTrajectory, exit_truncates
+from rlsched.traces.schema import json_name
 from rlsched.traces.tokens import TokenCounter, count_all, text_of
 
 SUFFIXES = (".traj",)
@@ -170,7 +171,7 @@ def read_swe_agent(path: Path, counter: TokenCounter) -> ImportedTrajectory:
     if not isinstance(doc, dict):
         hint = (" (a list of chat transcripts? use --format messages)"
                 if isinstance(doc, list) else "")
-        raise TraceError(f"{path}: a JSON {type(doc).__name__}{hint} — expected a SWE-agent "
+        raise TraceError(f"{path}: a JSON {json_name(doc)}{hint} — expected a SWE-agent "
                          f".traj object with 'trajectory', 'history' and 'info'")
     steps = doc.get("trajectory")
     if not isinstance(steps, list):
@@ -181,7 +182,7 @@ def read_swe_agent(path: Path, counter: TokenCounter) -> ImportedTrajectory:
                          f"SWE-agent .traj file")
     for i, step in enumerate(steps):
         if not isinstance(step, dict):
-            raise TraceError(f"{path}: trajectory step {i} is a JSON {type(step).__name__} — "
+            raise TraceError(f"{path}: trajectory step {i} is a JSON {json_name(step)} — "
                              f"expected an object with response, action and observation")
     turns = [(i, s) for i, s in enumerate(steps) if not _is_scaffold_exit(s)]
     if not turns:

@@ -62,6 +62,7 @@ from typing import Any
 
 from rlsched.cluster.errors import TraceError
 from rlsched.traces.import_common import ImportedTrajectory, read_records, shape_of
+from rlsched.traces.schema import json_name
 from rlsched.traces.tokens import TokenCounter, text_of
 
 SUFFIXES = (".jsonl",)
@@ -189,7 +190,7 @@ def read_record(rec: Any, where: str, default_id: str,
     if isinstance(rec, dict) and {"input", "output"} <= rec.keys():
         for key in ("input", "output"):
             if not isinstance(rec[key], str):
-                raise TraceError(f"{where}: '{key}' is a JSON {type(rec[key]).__name__} — "
+                raise TraceError(f"{where}: '{key}' is a JSON {json_name(rec[key])} — "
                                  f"expected decoded text (token ids cannot be split into turns)")
     if not isinstance(rec, dict) or not isinstance(rec.get("input"), str) or not isinstance(
             rec.get("output"), str):

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlsched.cluster.errors import TraceError
-from rlsched.traces.schema import validate_trace
+from rlsched.traces.schema import json_name, validate_trace
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -162,7 +162,7 @@ def _read_jsonl(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
         except (RecursionError, ValueError) as err:
             raise _json_limit(path, f"line {number}: ", err) from None
         if not isinstance(obj, dict):
-            raise TraceError(f"{path}: line {number}: a JSON {type(obj).__name__} — expected "
+            raise TraceError(f"{path}: line {number}: a JSON {json_name(obj)} — expected "
                              f"one JSON object per line") from None
         records.append(obj)
         lines.append(number)

@@ -70,6 +70,12 @@ class _Where:
         )
 
 
+def json_name(value: object) -> str:
+    """A parsed JSON value's kind for a message: its type's name, ``null`` for None (a
+    message said "messages[0] is a JSON NoneType")."""
+    return "null" if value is None else type(value).__name__
+
+
 def _show(value: object) -> str:
     """A short, one-line rendering of a cell value for an error message."""
     if isinstance(value, str):
