@@ -8,6 +8,7 @@ root's job (:mod:`rlsched.config`); nothing below the command line reads files.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, did_you_mean, shown
@@ -16,6 +17,20 @@ from .faults import FaultSchedule
 #: The most GPUs (and sandbox slots) a run may name: far beyond any cluster, and small enough
 #: for the per-GPU state a run keeps (``--gpus 99999999999999999996`` was an OverflowError).
 MAX_SLOTS = 1 << 20
+#: The largest config or cost-model file read: far above any real one (a few kB), small
+#: enough that ``--config /dev/zero`` stops at once instead of reading until memory runs out.
+MAX_CONFIG_BYTES = 16 << 20
+
+
+def read_config_text(path: str | Path) -> str:
+    """A config or cost file's text, refusing one past :data:`MAX_CONFIG_BYTES` (``OSError``
+    and ``UnicodeDecodeError`` are the caller's to word, as for ``Path.read_text``)."""
+    with open(path, "rb") as fh:
+        raw = fh.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: more than {MAX_CONFIG_BYTES >> 20} MiB: expected a TOML "
+                          "(or JSON) settings file of a few kB")
+    return raw.decode("utf-8")
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from rlsched.cluster.config import LoggingConfig, RunConfig
+from rlsched.cluster.config import LoggingConfig, RunConfig, read_config_text
 from rlsched.cluster.errors import ConfigError, did_you_mean, shown
 from rlsched.cluster.faults import parse_faults
 from rlsched.real.config import LiveSettings
@@ -66,7 +66,7 @@ _SECTIONS = {"cluster", "run", "cost", "policy", "live", "trace", "faults", "log
 def load_config(path: str | Path) -> ConfigFile:
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text())
+        data = tomllib.loads(read_config_text(p))
     except FileNotFoundError:
         raise ConfigError(f"{p}: config file not found") from None
     except (OSError, UnicodeDecodeError) as exc:

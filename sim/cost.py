@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from rlsched.cluster.config import read_config_text
 from rlsched.cluster.errors import ConfigError, shown
 
 
@@ -292,7 +293,7 @@ class CostModel:
         """A cost file's fields over ``base`` (default: the defaults)."""
         p = Path(path)
         try:
-            text = p.read_text()
+            text = read_config_text(p)
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{p}: cannot read cost model ({exc.__class__.__name__})") from None
         kind = p.suffix.lstrip(".").upper() if p.suffix == ".json" else "TOML"

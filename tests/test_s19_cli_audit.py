@@ -315,3 +315,35 @@ def test_trace_load_names_a_json_null_null(tmp_path):
                      '"output_tokens": 1, "env_seconds": 0}\nnull\n')
     err = one_error(["trace", "validate", str(trace)])
     assert "line 2: a JSON null" in err
+
+
+# ------------------------------------------------- files that never end
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+@pytest.mark.parametrize("flag", ["--config", "--cost"])
+def test_a_config_or_cost_file_that_never_ends_is_one_line(tmp_path, flag):
+    """``--config /dev/zero`` (or --cost) read until memory ran out: a hang, then a crash."""
+    extra = ["--gpus", "16", "--steps", "2"] if flag == "--cost" else []
+    res = run_cli(["compare", "--trace", str(write_trace(tmp_path)), "--model", "none", flag,
+                   "/dev/zero", *extra, "--policies", "colocated", "--out", str(tmp_path / "o")],
+                  limit_s=30)
+    assert judge_cli(res, True) == "clean error"
+    assert "/dev/zero: more than 16 MiB" in res.err
+
+
+def test_a_config_file_of_ordinary_size_still_reads(tmp_path):
+    from rlsched.config import load_config
+
+    config = tmp_path / "c.toml"
+    config.write_text("# " + "x" * 100_000 + "\n[cluster]\ngpus = 16\n")
+    assert load_config(config).run.gpus == 16
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_import_skips_a_device(tmp_path):
+    """``trace import --format messages /dev/zero`` read until memory ran out."""
+    res = run_cli(["trace", "import", "--format", "messages", "/dev/zero", "--out",
+                   str(tmp_path / "t.jsonl")], limit_s=30)
+    assert judge_cli(res, True) == "clean error"
+    assert "/dev/zero: a device, not a log file" in res.err

@@ -12,6 +12,7 @@ imported does it fail.
 from __future__ import annotations
 
 import difflib
+import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,15 @@ def get_importer(fmt: str) -> Importer:
                      f"{', '.join(IMPORTERS)}")
 
 
+def _device(path: Path) -> bool:
+    """A character or block device or a socket: no log, and /dev/zero never ends."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False  # (the importer's read names the problem)
+    return stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode)
+
+
 def _expand(paths: Iterable[str | Path], suffixes: Sequence[str],
             skipped: list[tuple[str, str]]) -> list[Path]:
     files: list[Path] = []
@@ -99,6 +109,8 @@ def _expand(paths: Iterable[str | Path], suffixes: Sequence[str],
             files.extend(found)
         elif not path.exists():
             skipped.append((str(path), "no such file"))
+        elif _device(path):  # (/dev/zero was read until memory ran out; a pipe still reads)
+            skipped.append((str(path), "a device, not a log file"))
         else:
             files.append(path)
     return files
