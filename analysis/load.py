@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from rlsched.cluster.config import MAX_SLOTS
 from rlsched.cluster.errors import RecordError
 from rlsched.cluster.ids import GpuState
 from rlsched.cluster.record import RunRecord, read_run
@@ -151,6 +152,13 @@ def check_record(record: RunRecord) -> None:
     if not isinstance(record.meta.get("policy"), str) or not record.meta["policy"]:
         raise RecordError(f"{meta_file}: field policy={record.meta.get('policy')!r}: expected the policy spec string")
     num_gpus = int(_number(record.meta, "num_gpus", meta_file, integer=True, minimum=1))
+    if num_gpus > MAX_SLOTS:  # (1e12 was "out of memory: ... fewer --gpus", flags report has not)
+        raise RecordError(f"{meta_file}: field num_gpus={num_gpus}: expected at most {MAX_SLOTS:,}")
+    if record.meta.get("num_steps") is not None:  # ("x" was a ValueError traceback in the report)
+        _number(record.meta, "num_steps", meta_file, integer=True, minimum=0)
+    complete = record.meta.get("complete")
+    if complete is not None and not isinstance(complete, bool):  # ("no" read as complete)
+        raise RecordError(f"{meta_file}: field complete={complete!r}: expected true or false")
     _number(record.meta, "makespan_seconds", meta_file, integer=False, minimum=0)
     lb = record.meta.get("lower_bound_seconds")
     if lb is not None:

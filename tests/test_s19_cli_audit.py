@@ -347,3 +347,36 @@ def test_import_skips_a_device(tmp_path):
                    str(tmp_path / "t.jsonl")], limit_s=30)
     assert judge_cli(res, True) == "clean error"
     assert "/dev/zero: a device, not a log file" in res.err
+
+
+# ------------------------------------------------- report: a run record's meta.json edited
+
+
+@pytest.fixture(scope="module")
+def one_run(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("run")
+    out = folder / "out"
+    res = run_cli(["compare", "--trace", str(write_trace(folder)), *FAST, "--policies", "colocated",
+                   "--no-report", "--out", str(out)])
+    assert judge_cli(res, False) == "ok"
+    return out / "runs" / "00-colocated"
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("num_steps", "x", "field num_steps='x': expected an integer >= 0"),
+    ("num_gpus", 10**12, "field num_gpus=1000000000000: expected at most 1,048,576"),
+    ("complete", "no", "field complete='no': expected true or false"),
+], ids=["num_steps", "num_gpus", "complete"])
+def test_report_refuses_an_edited_meta_in_one_line(tmp_path, one_run, key, value, expected):
+    """num_steps "x" was a ValueError traceback from the report's metrics; num_gpus 1e12
+    "out of memory: the run is too large (fewer --gpus, --steps ...)", flags report has not;
+    complete "no" was read as a complete run."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(one_run, run)
+    meta = json.loads((run / "meta.json").read_text())
+    meta[key] = value
+    (run / "meta.json").write_text(json.dumps(meta))
+    err = one_error(["report", str(run), "--out", str(tmp_path / "r")])
+    assert err == f"rlsched: error: {run / 'meta.json'}: {expected}"
