@@ -98,3 +98,28 @@ class FakeScript:
 
     def on_event(self, event, view):
         return list(self.script(event, view))
+
+
+def two_engines(batch: Sequence[tuple[str, str]], *, running: Sequence[str] = (),
+                pending: Sequence[str] = (), max_staleness: int = 0, kv_capacity: int = 1000):
+    """A hand-built cluster for driverless tests: two single-GPU engines rolling out step 0
+    (``batch``: (trajectory, task) pairs), each trajectory but those ``pending`` dispatched
+    to engine 0, pinned -- those in ``running`` admitted there, the rest waiting in its
+    queue."""
+    from rlsched.cluster.ids import Role
+    from rlsched.cluster.state import ClusterState, EngineState
+
+    st = ClusterState(2, 1, [list(batch)], max_staleness)
+    st.advance(0.0)
+    for g in (0, 1):
+        st.roles[g] = Role.ROLLOUT
+        st.add_engine(EngineState(g, (g,), 0, kv_capacity))
+    for tid, _ in batch:
+        if tid in pending:
+            continue
+        st.mark_dispatched(tid, 0)
+        st.engines_[0].enqueue(tid)
+        if tid in running:
+            st.engines_[0].dequeue(admit=True)
+            st.mark_running(tid, 0)
+    return st

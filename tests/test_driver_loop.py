@@ -13,6 +13,8 @@ from rlsched.cluster.ids import TrajStatus
 from rlsched.cluster.loop import DriverLoop, MicroBatchJob, RunMeta, TrainerJob, record_event
 from rlsched.cluster.state import ClusterState
 
+from simkit import two_engines
+
 
 class FakeBackend:
     """A fake backend for these tests: jobs finish when the test says so; it logs calls."""
@@ -212,18 +214,7 @@ class FinishingBackend(FakeBackend):
 
 
 def _rolling_out() -> ClusterState:
-    from rlsched.cluster.ids import Role
-    from rlsched.cluster.state import EngineState
-
-    st = ClusterState(2, 1, [[("a", "t"), ("b", "t"), ("c", "t")]], 1)
-    st.advance(0.0)
-    for g in (0, 1):
-        st.roles[g] = Role.ROLLOUT
-        st.add_engine(EngineState(g, (g,), 0, 1000))
-    for tid in ("a", "b", "c"):
-        st.mark_dispatched(tid, 0)
-        st.engines_[0].enqueue(tid)
-    return st
+    return two_engines([("a", "t"), ("b", "t"), ("c", "t")], max_staleness=1)
 
 
 def test_a_trajectory_an_earlier_command_of_the_decision_finished_is_left_out() -> None:

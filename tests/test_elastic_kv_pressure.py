@@ -16,7 +16,7 @@ from __future__ import annotations
 from rlsched.cluster.commands import Move, Reassign
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.ids import Role, TrajStatus
-from rlsched.cluster.state import ClusterState, EngineState
+from rlsched.cluster.state import ClusterState
 from rlsched.policies import make_policy
 from rlsched.policies.elastic.tail import TailSpreader
 from rlsched.policies.predict import LengthPredictor
@@ -24,6 +24,8 @@ from rlsched.sim.presets import default_cost
 from rlsched.sim.run import simulate
 from rlsched.sim.workload import Workload
 from rlsched.traces import draw_batches, generate_trace
+
+from simkit import two_engines
 
 FRACTIONS = (0.25, 0.375, 0.5, 0.625, 0.75)
 
@@ -69,18 +71,9 @@ def test_queued_work_moves_off_a_kv_full_engine():
 def _cluster(free_kv: int, *, queue_on_1: bool = False) -> ClusterState:
     """Two single-GPU engines rolling out step 0: T0 runs on engine 0, whose KV is full, and
     T1 (a 100-token context) waits in its queue, pinned there; engine 1 has ``free_kv``."""
-    st = ClusterState(2, 1, [[("T0", "a"), ("T1", "a"), ("T2", "a")]], max_staleness=0)
-    for g in (0, 1):
-        st.roles[g] = Role.ROLLOUT
-        st.add_engine(EngineState(g, (g,), 0, 1000))
-    e0, e1 = st.engines_[0], st.engines_[1]
-    st.mark_dispatched("T0", 0)
-    e0.enqueue("T0")
-    e0.dequeue(admit=True)
-    st.mark_running("T0", 0)
-    st.mark_dispatched("T1", 0)
-    e0.enqueue("T1")
+    st = two_engines([("T0", "a"), ("T1", "a"), ("T2", "a")], running=("T0",), pending=("T2",))
     st.trajs["T1"].tokens = 100
+    e0, e1 = st.engines_[0], st.engines_[1]
     e0.set_kv(1000)
     e1.set_kv(1000 - free_kv)
     if queue_on_1:
@@ -138,16 +131,7 @@ def test_a_trajectory_moves_once():
 
 def _three_on_one() -> ClusterState:
     """Step 0's three trajectories all run on engine 0; engine 1 is empty (a tail to spread)."""
-    st = ClusterState(2, 1, [[("T0", "a"), ("T1", "b"), ("T2", "c")]], max_staleness=0)
-    for g in (0, 1):
-        st.roles[g] = Role.ROLLOUT
-        st.add_engine(EngineState(g, (g,), 0, 1000))
-    for t in ("T0", "T1", "T2"):
-        st.mark_dispatched(t, 0)
-        st.engines_[0].enqueue(t)
-        st.engines_[0].dequeue(admit=True)
-        st.mark_running(t, 0)
-    return st
+    return two_engines([("T0", "a"), ("T1", "b"), ("T2", "c")], running=("T0", "T1", "T2"))
 
 
 def test_a_trajectory_this_decision_interrupts_is_not_moved():
