@@ -169,7 +169,8 @@ class Faults:
         if fs.harm != fs.harm_mark or self.state.failed or fs.since_mark >= HARMLESS_WITHOUT_PROGRESS:
             raise ConfigError(
                 f"[faults]: {fs.since_mark} faults fired by t={self.core.now:.0f}s without one "
-                "turn or step finishing: the fault rate outpaces the cluster; lower per_hour or recover_s"
+                "turn or step finishing: the fault rate outpaces the cluster; lower per_hour, or "
+                "recover_s (GPU faults) or restart_s (trainer faults)"
             )
 
     def _fault_note(self, kind: str, detail: str, gpu: int = -1) -> None:

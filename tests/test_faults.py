@@ -207,6 +207,8 @@ def test_faults_faster_than_any_progress_end_in_one_line(df, spec):
     with pytest.raises(ConfigError, match=r"\[faults\]: 1000 faults fired by t=\d+s without one turn") as err:
         run(df, [["A", "B"]], spec, faults=sched)
     assert "\n" not in str(err.value)
+    # (it names the knob of each kind: a trainer fault's is restart_s, not recover_s)
+    assert "recover_s (GPU faults) or restart_s (trainer faults)" in str(err.value)
 
 
 @pytest.mark.parametrize("spec", SPECS)
