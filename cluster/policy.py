@@ -14,6 +14,7 @@ into ``self.config`` (see :func:`param_values` for the older style, one attribut
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
@@ -21,6 +22,10 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 from .commands import Command
 from .events import Event
 from .view import ClusterView
+
+# A parameter's value written in a spec: ASCII digits, a sign, a point and an exponent only.
+_INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(inf|infinity|nan)", re.ASCII | re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,10 @@ class Param:
                 raise ValueError(f"{where}={raw!r}: expected one of {', '.join(self.choices)}")
             return s
         try:
+            if isinstance(raw, str) and not (_INT if self.kind == "int" else _FLOAT).fullmatch(raw.strip()):
+                # (Python's int() and float() also read "1_0" as 10 and other scripts' digits,
+                # "٣" as 3: a spec is ASCII, and such a value a typo or an attack)
+                raise ValueError
             if self.kind == "int":
                 if isinstance(raw, float) and not raw.is_integer():
                     raise ValueError

@@ -41,3 +41,23 @@ def test_a_name_with_control_characters_is_shown_escaped_on_one_line():
         parse_spec("0\r0:")
     assert len(str(err.value).splitlines()) == 1
     assert str(err.value).endswith("expected 0\\r0 or 0\\r0:key=value,...")
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("async:staleness=1_0", "parameter staleness='1_0': expected int"),
+    ("elastic:micro=٣", "parameter micro='٣': expected int"),
+    ("elastic:train_share=0_5", "parameter train_share='0_5': expected float"),
+    ("elastic:train_share=٠.٥", "parameter train_share='٠.٥': expected float"),
+])
+def test_a_number_is_ascii_digits(spec, message):
+    """Python's int() and float() read "1_0" as 10 and other scripts' digits ("٣") as 3: the
+    session-19 audit saw ``staleness=1_0`` refused as "must be <= 8" and ``micro=٣`` run as 3
+    (in a run folder named ``03-elastic_micro=``). A spec's numbers are ASCII."""
+    with pytest.raises(PolicyError, match=message):
+        make_policy(spec)
+
+
+@pytest.mark.parametrize("spec", ["elastic:micro=3", "elastic:micro= +4 ", "elastic:train_share=.5",
+                                  "elastic:train_share=5e-1", "elastic:train_share=0.25", "elastic:tail=1."])
+def test_plain_numbers_still_parse(spec):
+    make_policy(spec)
