@@ -50,6 +50,14 @@ class TrainerInfo:
     grow_unit: int = 1
     floor_reason: str = ""  # what sets the floor (the cost model's memory), for refusals
 
+    def uses(self, gpus: int) -> int:
+        """How many of ``gpus`` GPUs this trainer would run on: its floor and whole units above
+        it (none below the floor); the rest would idle in the role. (The simulator's
+        ``TrainLayout.usable`` is the same rule, the floor being whole units.)"""
+        if gpus < self.min_gpus:
+            return 0
+        return self.min_gpus + (gpus - self.min_gpus) // self.grow_unit * self.grow_unit
+
 
 @dataclass(frozen=True, slots=True)
 class TrajectoryInfo:

@@ -42,14 +42,6 @@ def engine_split(view: ClusterView, rollout_fraction: float) -> tuple[tuple[int,
     return tuple(range(cut)), tuple(range(cut, view.num_gpus))
 
 
-def trainer_uses(tr: TrainerInfo, gpus: int) -> int:
-    """How many of ``gpus`` GPUs a trainer runs on: its memory floor and whole data-parallel
-    units above it (none below the floor). The rest idle in the role."""
-    if gpus < tr.min_gpus:
-        return 0
-    return tr.min_gpus + (gpus - tr.min_gpus) // tr.grow_unit * tr.grow_unit
-
-
 # ------------------------------------------------------------------ worker failures
 def usable(view: ClusterView, role: Role) -> tuple[GpuId, ...]:
     """The GPUs a phase change can move to ``role``: working (not failed), not in ``role``

@@ -2,8 +2,8 @@
 defaults, ranges and help text are kept: add, never rename).
 
 Each parameter is documented where its mechanism lives: placement and the GPU moves in
-:mod:`.policy`, streaming training and ``join`` in :mod:`.training`, ``steal`` and
-``isolate`` in :mod:`.tail`, ``cut`` in :mod:`.cut`.
+:mod:`.policy`, streaming training and ``join`` in :mod:`.training`, ``steal``,
+``isolate`` and ``rebalance`` in :mod:`.tail`, ``cut`` in :mod:`.cut`.
 """
 
 from __future__ import annotations

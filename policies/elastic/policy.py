@@ -30,7 +30,8 @@ The loop owns the run's progress (batches released, the trainer's step and what 
 was sent) and decides in a fixed order each event: release batches, requeue what was
 stopped, grow a held split (:mod:`.hold`), place queued work, reclaim trainer GPUs for it
 (:mod:`.reclaim`), cut the tail (:mod:`.cut`), train (:mod:`.training`), release engines to
-the trainer (or steal), isolate the tail (:mod:`.tail`).
+the trainer (or steal), move queued work off KV-full engines and isolate the tail
+(:mod:`.tail`).
 """
 
 from __future__ import annotations
@@ -69,7 +70,6 @@ from ..common import (
     least_loaded_gpus,
     refresh_new_engines,
     trainer_fills_cluster,
-    trainer_uses,
     usable,
 )
 from ..meter import Meter
@@ -460,8 +460,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
         # emptied by a new batch took 5 engines back, 2 GPUs of them idle, and packed the
         # tail onto the one engine left; 8.8% behind the best async, now 5.4% ahead)
         have = len(tr.gpus) + self._switches.to_trainer(view)
-        while release > 0 and (trainer_uses(tr, have + (release - 1) * view.tp)
-                               == trainer_uses(tr, have + release * view.tp)):
+        while release > 0 and tr.uses(have + (release - 1) * view.tp) == tr.uses(have + release * view.tp):
             release -= 1
         if release <= 0:
             return []
