@@ -83,6 +83,14 @@ class Meter:
         self._mb = (now, gpus, tokens)
         self._step_sent += tokens
 
+    def busy_s(self, now: float) -> float:
+        """Seconds the running micro-batch has left at the newest measured rate (0: none
+        running, or nothing measured yet)."""
+        if self._mb is None or self.train_gpu_s_per_token is None:
+            return 0.0
+        started, gpus, tokens = self._mb
+        return max(0.0, started + tokens * self.train_gpu_s_per_token / max(1, gpus) - now)
+
     def micro_batch_done(self, now: float) -> None:
         if self._mb is None:
             return

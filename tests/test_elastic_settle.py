@@ -113,9 +113,12 @@ def test_the_readme_setting_for_traces_without_length_spread() -> None:
     half, _ = _run("elastic:staleness=1,train_share=0.5", *case)
     advised, _ = _run("elastic:staleness=1,train_share=0.5,settle=true", *case)
     assert best_async.makespan == pytest.approx(67.5, abs=0.05)
-    # defaults 20.3% behind; a half reserve without settling worse still (its lone first
-    # micro-batch sends engines to the trainer that must come back); settled -- by
-    # settle=true, or by the default settle_auto on this trace without spread -- 3.4%
+    # defaults 20.3% behind (a quarter reserve: engines move to the trainer and back);
+    # a half reserve without settling 12.3% (its lone first micro-batch sends engines to
+    # the trainer that must come back; 23.3% before a step whose rollout is over trained
+    # in one micro-batch while engines idled for the next weights); settled -- by
+    # settle=true, or by the default settle_auto on this trace without spread -- 1.6%
+    # (3.4% before that change)
     assert default.makespan > 1.15 * best_async.makespan
-    assert unsettled.makespan > default.makespan
-    assert half.makespan == advised.makespan < 1.04 * best_async.makespan
+    assert half.makespan * 1.05 < unsettled.makespan < default.makespan
+    assert half.makespan == advised.makespan < 1.02 * best_async.makespan

@@ -44,6 +44,7 @@ class MicroBatch:
 
     trajectories: tuple[str, ...]
     tokens: int
+    whole: bool = False  # every ready trajectory of the step: no GPU was expected to join
 
 
 class Training:
@@ -69,18 +70,25 @@ class Training:
         ready = [t for s in steps for t in view.finished(s)]
         return sum(view.trajectory(t).tokens for t in ready) * rate / max(1, gpus)
 
-    def gains(self, view: ClusterView, steps: range, have: int, add: int) -> bool:
+    def gains(self, view: ClusterView, steps: range, have: int, add: int, back: bool = True) -> bool:
         """Does the trainer (``have`` GPUs) finish what is ready sooner by more than a
-        switch if ``add`` GPUs join it after their switch (measured times; before the
-        first micro-batch was timed, no: its own GPUs go first)?"""
+        switch (``back``: the GPUs must switch back for a later batch; else by anything) if
+        ``add`` GPUs join it after their switch (measured times; before the first
+        micro-batch was timed, no: its own GPUs go first)? The micro-batch running now
+        (its measured time left) goes first on the trainer's own GPUs: GPUs that arrive
+        while it runs start with the ready work, so a busy trainer gains more."""
         sw = self._meter.switch_s
-        alone = self.ready_seconds(view, steps, have)
+        work = self.ready_seconds(view, steps, have)
         if sw is None:
-            return alone > 0
+            return work > 0
+        busy = self._meter.busy_s(view.now)
+        alone = busy + work
         if alone <= sw:
             return False
-        joined = sw + (alone - sw) * have / (have + add)
-        return alone - joined > sw
+        # (the ready work starts when the running micro-batch ends; what of it the trainer
+        # does alone before they arrive, then the rest on all)
+        joined = max(sw, busy) + (work - max(0.0, sw - busy)) * have / (have + add)
+        return alone - joined > (sw if back else 0.0)
 
     def keep(self, view: ClusterView, steps: range) -> int:
         """GPUs the trainer keeps when a new batch takes engines back: enough to train its
@@ -133,7 +141,7 @@ class Training:
             return None
         if to_train and self.sooner_joined(view, gpus, tokens, to_train):
             return None
-        return MicroBatch(ready, tokens)
+        return MicroBatch(ready, tokens, whole)
 
     def _too_small(self, gpus: int, tokens: int) -> bool:
         """Would a micro-batch of ``tokens`` spend less of its time training them than its
