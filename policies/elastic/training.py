@@ -118,8 +118,8 @@ class Training:
         GPUs, or none while it waits (``join``) for the groups ``to_train`` (GPUs -> when
         sent) on their way: their RolesChanged starts it on the larger trainer. ``whole``:
         no GPU can join a later micro-batch (none is on its way to the trainer, and either
-        the step's rollout is over with no engine rolling out, or a held split's trainer is
-        at its side), so every ready trajectory goes in one, as colocated and async train a
+        the step's rollout is over and nothing rolls out or waits to, or a held split's
+        trainer is at its side), so every ready trajectory goes in one, as colocated and async train a
         step: each micro-batch pays a gradient reduction. On a trace with no length spread,
         where the whole step finishes at once, micro-batches of one trajectory per GPU put
         on-policy elastic 4.6% behind colocated with the default preset (32 GPUs, 128
