@@ -9,13 +9,14 @@ part lives:
   class :class:`Elastic`).
 * **Take GPUs back when a batch needs them**, when that pays for the switches --
   :mod:`.reclaim`.
-* **Train what has finished, as it finishes**, and let a micro-batch wait for GPUs on
-  their way (``join``) -- :mod:`.training` -- or, if asked, for the end of the instant its
+* **Train what has finished, as it finishes** (a step whose rollout is over in one
+  micro-batch while nothing rolls out), and let a micro-batch wait for GPUs on their way
+  (``join``) -- :mod:`.training` -- or, if asked, for the end of the instant its
   trajectory finished in (``settle``) -- :mod:`.policy`.
 * **Reserve a trainer beside the rollout** (``train_share``) and **hold a fixed split when
   moves cannot pay** (``hold``) -- :mod:`.hold`.
-* **Spread the tail that is left** (``steal``) and **isolate the tail** (``isolate``) --
-  :mod:`.tail`.
+* **Spread the tail that is left** (``steal``), **isolate the tail** (``isolate``) and
+  **move queued work off KV-full engines** (``rebalance``) -- :mod:`.tail`.
 * **Cut the tail, if asked** (``cut``) -- :mod:`.cut`.
 
 The role switches the policy has sent and not yet seen end are kept in :mod:`.switches`;
