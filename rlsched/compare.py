@@ -46,6 +46,7 @@ from rlsched.sim.cost import CostModel
 from rlsched.sim.driver import SimDriver
 from rlsched.sim.run import simulate
 from rlsched.sim.workload import Batches, Workload, replay_workload
+from rlsched.traces.digest import trace_meta
 
 SUMMARY_COLUMNS = (
     "policy", "steps", "sim_seconds", "trained_tokens", "gpu_utilization", "max_staleness",
@@ -168,6 +169,8 @@ def compare(
     policies = [make_policy(s) for s in plan.specs]  # fail on a bad spec before any work
     cfg = plan.config
     workload, batches = replay_workload(plan.trace_path, cfg.steps, cfg.tasks_per_step, cfg.samples_per_task)
+    # the bytes replayed, once for every run (`rlsched report` tells a trace replaced in place)
+    trace = {"trace": str(plan.trace_path), **trace_meta(plan.trace_path)}
     preflight(plan, workload, batches)
     tmp = prepare_out_dir(out, force, inputs=(plan.trace_path, *plan.inputs))
     timing: list[tuple[str, str, str, float]] = []  # (part, policy, run_dir, wall seconds)
@@ -186,7 +189,7 @@ def compare(
             try:
                 outcome = simulate(
                     workload, batches, policy, plan.config, plan.cost, out_dir=rd, spec=spec,
-                    meta={"trace": str(plan.trace_path), "spec_as_given": plan.specs[i]},
+                    meta={**trace, "spec_as_given": plan.specs[i]},
                     progress=cb,
                 )
             except KeyboardInterrupt:  # after the event loop (bound, record): no usable record

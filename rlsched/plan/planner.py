@@ -135,12 +135,13 @@ def _write_report(req: PlanRequest, setup: PlanSetup, specs: list[str], tmp: Pat
     from rlsched.sim.run import simulate
 
     workload, batches, run = _context(setup, BASE)
+    trace = {"trace": str(req.trace_path), **req.trace_digest}  # (the bytes replayed)
     dirs = []
     for i, spec in enumerate(specs):
         policy = make_policy(spec)
         rd = tmp / "runs" / run_dir_name(spec, i)
         simulate(workload, batches, policy, run, setup.cost, out_dir=rd, spec=canonical_spec(policy),
-                 meta={"trace": str(req.trace_path), "spec_as_given": spec})
+                 meta={**trace, "spec_as_given": spec})
         dirs.append(rd)
     return write_report(dirs, tmp, title=f"rlsched plan: {req.trace_path.name}, {run.gpus} GPUs")
 

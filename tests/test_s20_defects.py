@@ -1,0 +1,129 @@
+"""Session 20: user-facing defects noticed in earlier reviews, each pinned here.
+
+1. A run's ``meta.json`` held no trace digest: two runs of one trace path whose file was
+   replaced in between looked like one setup to ``rlsched report A B``.
+
+Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
+by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pandas as pd
+from fuzz_kit import judge_cli, run_cli
+
+from rlsched.traces import digest
+
+SMALL = ("--steps", "1", "--tasks-per-step", "4", "--gpus", "4", "--tp", "1", "--model", "none")
+
+
+def write_rows(path: Path, seed: int = 0, tokens: int = 1) -> Path:
+    """A small trace (4 tasks x 2 samples x 2 turns); ``seed`` changes its lengths (and so
+    its bytes), ``tokens=0`` zeroes every token count."""
+    rows = [(f"t{t}", f"t{t}-{k}", turn, tokens * (30 + seed + t), tokens * (10 + 3 * k + seed), 0.5)
+            for t in range(4) for k in range(2) for turn in range(2)]
+    pd.DataFrame(rows, columns=["task_id", "trajectory_id", "turn", "prompt_tokens", "output_tokens",
+                                "env_seconds"]).to_parquet(path)
+    return path
+
+
+def compare_ok(trace: Path, out: Path, *args: str) -> Path:
+    res = run_cli(["compare", "--trace", str(trace), *SMALL, "--policies", "colocated", "--no-report",
+                   *args, "--out", str(out)])
+    assert judge_cli(res, False) == "ok", res.err
+    return out / "runs" / "00-colocated"
+
+
+def one_error(argv: list[str]) -> str:
+    res = run_cli(argv)
+    assert judge_cli(res, True) == "clean error"
+    return res.err.strip()
+
+
+def warning_lines(err: str) -> list[str]:
+    return [ln for ln in err.splitlines() if ln.startswith("rlsched: warning: ")]
+
+
+# ------------------------------------------------------------ 1. the trace's digest
+
+
+def test_a_run_records_the_sha256_and_size_of_the_trace_it_replayed(tmp_path):
+    trace = write_rows(tmp_path / "t.parquet")
+    meta = json.loads((compare_ok(trace, tmp_path / "out") / "meta.json").read_text())
+    assert meta["trace"] == str(trace)
+    assert meta["trace_sha256"] == hashlib.sha256(trace.read_bytes()).hexdigest()
+    assert meta["trace_bytes"] == trace.stat().st_size
+
+
+def test_report_says_when_one_trace_path_held_other_bytes_for_each_run(tmp_path):
+    """Was: no warning at all (the two runs named one path, and only the file now on disk
+    was compared, with itself)."""
+    trace = tmp_path / "t.parquet"
+    write_rows(trace, seed=0)
+    a = compare_ok(trace, tmp_path / "A")
+    old = hashlib.sha256(trace.read_bytes()).hexdigest()[:8]
+    write_rows(trace, seed=5)  # (replaced in place)
+    new = hashlib.sha256(trace.read_bytes()).hexdigest()[:8]
+    b = compare_ok(trace, tmp_path / "B")
+    res = run_cli(["report", str(a), str(b), "--out", str(tmp_path / "rep")])
+    assert judge_cli(res, False) == "ok"
+    (line,) = warning_lines(res.err)
+    assert (f"differ in trace (t.parquet: replaced between the runs; SHA-256 {old} vs {new})" in line
+            and f"t.parquet on disk now (SHA-256 {new}) is not the file {a} replayed (SHA-256 {old})" in line), line
+    assert "replaced between the runs" in (tmp_path / "rep" / "report.html").read_text()
+
+
+def test_report_says_when_the_trace_changed_after_the_runs(tmp_path):
+    trace = write_rows(tmp_path / "t.parquet", seed=0)
+    a, b = compare_ok(trace, tmp_path / "A"), compare_ok(trace, tmp_path / "B")
+    res = run_cli(["report", str(a), str(b), "--out", str(tmp_path / "rep")])
+    assert judge_cli(res, False) == "ok" and not warning_lines(res.err)  # (one setup, unchanged)
+    write_rows(trace, seed=5)
+    for runs in ([a, b], [a]):  # (one run too: the page's trace statistics are of the file now)
+        res = run_cli(["report", *map(str, runs), "--out", str(tmp_path / f"rep{len(runs)}")])
+        assert judge_cli(res, False) == "ok"
+        (line,) = warning_lines(res.err)
+        who = "the runs" if len(runs) == 2 else str(a)
+        assert "t.parquet on disk now (SHA-256 " in line and f"is not the file {who} replayed" in line, line
+        assert "differ in" not in line  # (the runs replayed the same bytes)
+        assert "is not the file" in (tmp_path / f"rep{len(runs)}" / "report.html").read_text()
+
+
+def test_records_without_the_digest_are_compared_as_before(tmp_path):
+    """A record written before ``trace_sha256`` existed: two runs of one path are one setup
+    (the file now on disk is all there is to compare), whatever happened to the file."""
+    from rlsched.analysis.comparable import setup_differences, setup_warning
+
+    trace = write_rows(tmp_path / "t.parquet", seed=0)
+    a = compare_ok(trace, tmp_path / "A")
+    write_rows(trace, seed=5)
+    b = compare_ok(trace, tmp_path / "B")
+    runs = []
+    for run in (a, b):
+        meta = json.loads((run / "meta.json").read_text())
+        for key in ("trace_sha256", "trace_bytes"):
+            del meta[key]
+        runs.append((run, meta))
+    assert setup_differences(runs) == [] and setup_warning(runs) is None
+    # one with it, one without: the other's file now on disk stands for what it replayed
+    with_digest = (a, json.loads((a / "meta.json").read_text()))
+    assert setup_differences([with_digest, runs[1]]) == [
+        "trace (t.parquet: files with different contents)"]
+
+
+def test_compare_and_its_report_read_the_trace_for_its_digest_once(tmp_path, monkeypatch):
+    """A trace may be gigabytes: one read for every policy's record and the report's checks."""
+    trace = write_rows(tmp_path / "t.parquet")
+    reads = []
+    real = digest._sha256
+    monkeypatch.setattr(digest, "_sha256", lambda path: reads.append(path) or real(path))
+    res = run_cli(["compare", "--trace", str(trace), *SMALL, "--policies", "colocated,async",
+                   "--out", str(tmp_path / "out")])
+    assert judge_cli(res, False) == "ok"
+    assert (tmp_path / "out" / "report.html").exists() and len(reads) == 1
+    res = run_cli(["report", str(tmp_path / "out"), "--out", str(tmp_path / "rep")])
+    assert judge_cli(res, False) == "ok" and len(reads) == 1  # (same file version: cached)
