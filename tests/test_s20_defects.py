@@ -2,6 +2,8 @@
 
 1. A run's ``meta.json`` held no trace digest: two runs of one trace path whose file was
    replaced in between looked like one setup to ``rlsched report A B``.
+2. ``rlsched report`` accepted an edited ``meta.json`` with impossible values (``tp`` 0,
+   ``makespan_seconds`` 1e308, a string for a number) and drew a report of nonsense.
 
 Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
 by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
@@ -11,9 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from fuzz_kit import judge_cli, run_cli
 
 from rlsched.traces import digest
@@ -127,3 +131,66 @@ def test_compare_and_its_report_read_the_trace_for_its_digest_once(tmp_path, mon
     assert (tmp_path / "out" / "report.html").exists() and len(reads) == 1
     res = run_cli(["report", str(tmp_path / "out"), "--out", str(tmp_path / "rep")])
     assert judge_cli(res, False) == "ok" and len(reads) == 1  # (same file version: cached)
+
+
+# ------------------------------------------------------------ 2. impossible meta values
+
+
+@pytest.fixture(scope="module")
+def one_run(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("run")
+    return compare_ok(write_rows(folder / "t.parquet"), folder / "out")
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("tp", 0, "field tp=0: expected an integer >= 1 and at most 4 (GPUs per engine, of num_gpus=4)"),
+    ("tp", 8, "field tp=8: expected an integer >= 1 and at most 4 (GPUs per engine, of num_gpus=4)"),
+    ("tp", "1", "field tp='1': expected an integer >= 1 and at most 4 (GPUs per engine, of num_gpus=4)"),
+    ("num_gpus", -3, "field num_gpus=-3: expected an integer >= 1"),
+    ("makespan_seconds", 1e308, "field makespan_seconds=1e+308: expected a finite number >= 0 and at "
+                                "most 1e+12 (seconds: 1e+12 is about 31,700 years)"),
+    ("makespan_seconds", float("nan"), "field makespan_seconds=nan: expected a finite number >= 0 and at "
+                                       "most 1e+12 (seconds: 1e+12 is about 31,700 years)"),
+    ("makespan_seconds", "12", "field makespan_seconds='12': expected a finite number >= 0 and at "
+                               "most 1e+12 (seconds: 1e+12 is about 31,700 years)"),
+    ("lower_bound_seconds", 1e300, "field lower_bound_seconds=1e+300: expected a finite number >= 0 and "
+                                   "at most 1e+12 (seconds: 1e+12 is about 31,700 years)"),
+    ("steps_done", -1, "field steps_done=-1: expected an integer >= 0 and at most 10,000,000"),
+    ("max_staleness_bound", "x", "field max_staleness_bound='x': expected an integer >= 0"),
+    ("events_processed", 2.5, "field events_processed=2.5: expected an integer >= 0"),
+    ("driver", "gpu", "field driver='gpu': expected one of sim, live"),
+    ("spec_as_given", 7, "field spec_as_given=7: expected a string"),
+    ("config", [1], "field config=[1]: expected an object (or null)"),
+    ("faults", {"faults": -5}, "field faults.faults=-5: expected a finite number >= 0"),
+    ("trace_sha256", "abc", "field trace_sha256='abc': expected the trace file's SHA-256, 64 lowercase "
+                            "hex digits"),
+    ("trace_bytes", -1, "field trace_bytes=-1: expected an integer >= 0"),
+], ids=lambda v: v if isinstance(v, str) and len(v) < 24 else None)
+def test_report_refuses_an_impossible_meta_value_in_one_line(tmp_path, one_run, key, value, expected):
+    """Each was read into a report of nonsense without a word (tp 0 and "1" shown as the
+    cluster's; makespan 1e308 gave utilization 0 and a collapsed plot; steps_done -1 was
+    summary.csv's steps), or silently replaced by a default (max_staleness_bound "x",
+    events_processed 2.5, spec_as_given 7)."""
+    run = tmp_path / "run"
+    shutil.copytree(one_run, run)
+    meta = json.loads((run / "meta.json").read_text())
+    meta[key] = value
+    (run / "meta.json").write_text(json.dumps(meta))
+    err = one_error(["report", str(run), "--out", str(tmp_path / "r")])
+    assert err == f"rlsched: error: {run / 'meta.json'}: {expected}"
+    # beside another run: the same one line, and no setup warning before it
+    err = one_error(["report", str(one_run), str(run), "--out", str(tmp_path / "r2")])
+    assert err == f"rlsched: error: {run / 'meta.json'}: {expected}"
+
+
+def test_report_still_reads_records_without_the_newer_fields(tmp_path, one_run):
+    run = tmp_path / "run"
+    shutil.copytree(one_run, run)
+    meta = json.loads((run / "meta.json").read_text())
+    for key in ("tp", "steps_done", "max_staleness_bound", "events_processed", "driver", "spec_as_given",
+                "trace_sha256", "trace_bytes", "faults"):
+        meta.pop(key, None)
+    meta["lower_bound_seconds"] = None
+    (run / "meta.json").write_text(json.dumps(meta))
+    res = run_cli(["report", str(run), "--out", str(tmp_path / "r")])
+    assert judge_cli(res, False) == "ok"

@@ -47,9 +47,12 @@ def warn_if_setups_differ(dirs: list[Path]) -> None:
     the file now); said before the report is built, so it is seen even if that takes a
     while."""
     from rlsched.analysis.comparable import setup_warning
+    from rlsched.analysis.load import check_meta
     from rlsched.cluster.record import read_run
 
     heads = [read_run(d, tables=()) for d in dirs]  # (a bad folder: its one error line)
+    for h in heads:  # (an impossible field: its one error line, before any warning)
+        check_meta(h.meta, h.path / "meta.json")
     warning = setup_warning([(h.path, h.meta) for h in heads])
     if warning:
         typer.echo(f"rlsched: warning: {warning}", err=True)
