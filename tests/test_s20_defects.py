@@ -4,6 +4,8 @@
    replaced in between looked like one setup to ``rlsched report A B``.
 2. ``rlsched report`` accepted an edited ``meta.json`` with impossible values (``tp`` 0,
    ``makespan_seconds`` 1e308, a string for a number) and drew a report of nonsense.
+3. ``rlsched compare``: when a policy failed and then writing the finished runs' results
+   failed too, only the second error was shown; the policy's was lost.
 
 Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
 by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
@@ -11,6 +13,7 @@ by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: err
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import shutil
@@ -20,6 +23,8 @@ import pandas as pd
 import pytest
 from fuzz_kit import judge_cli, run_cli
 
+import rlsched.compare as compare_module
+from rlsched.cluster.errors import Interrupted, PolicyError
 from rlsched.traces import digest
 
 SMALL = ("--steps", "1", "--tasks-per-step", "4", "--gpus", "4", "--tp", "1", "--model", "none")
@@ -194,3 +199,93 @@ def test_report_still_reads_records_without_the_newer_fields(tmp_path, one_run):
     (run / "meta.json").write_text(json.dumps(meta))
     res = run_cli(["report", str(run), "--out", str(tmp_path / "r")])
     assert judge_cli(res, False) == "ok"
+
+
+# ------------------------------------------------------------ 3. two failures in compare
+
+
+def _fail_second_policy(monkeypatch, error: BaseException) -> None:
+    real = compare_module.simulate
+    calls = []
+
+    def simulate(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compare_module, "simulate", simulate)
+
+
+def _fail_write(monkeypatch, error: BaseException) -> None:
+    def write(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(compare_module, "_write_summary", write)
+
+
+def _compare_two(trace: Path, out: Path):
+    return run_cli(["compare", "--trace", str(trace), *SMALL, "--policies", "colocated,async",
+                    "--out", str(out)])
+
+
+def test_the_policy_error_is_said_when_writing_the_results_fails_too(tmp_path, monkeypatch):
+    """Was an OSError traceback about summary.csv; the policy's own error appeared nowhere."""
+    trace = write_rows(tmp_path / "t.parquet")
+    _fail_second_policy(monkeypatch, PolicyError("policy async: step 0: a setting the user can fix"))
+    _fail_write(monkeypatch, OSError(errno.ENOSPC, "No space left on device", "summary.csv"))
+    res = _compare_two(trace, tmp_path / "out")
+    # (stderr: the finished policy's progress line, then the one error line)
+    assert res.code == 2 and "Traceback" not in res.err
+    (line,) = [ln for ln in res.err.splitlines() if ln.startswith("rlsched: ")]
+    assert line == (
+        "rlsched: error: policy async failed: policy async: step 0: a setting the user can fix; then "
+        "writing summary.csv and the report of the 1 run that finished (colocated) failed too: No "
+        "space left on device (summary.csv)")
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]  # (no temporary left)
+
+
+def test_the_policy_error_is_said_when_the_write_is_interrupted(tmp_path, monkeypatch):
+    trace = write_rows(tmp_path / "t.parquet")
+    _fail_second_policy(monkeypatch, PolicyError("policy async: bad"))
+    _fail_write(monkeypatch, KeyboardInterrupt())
+    plan = compare_module.ComparePlan(trace, ("colocated", "async"), _config(), _cost())
+    try:
+        with pytest.raises(Interrupted, match=r"^policy async failed: policy async: bad; then writing "
+                                              r"summary\.csv and the report .* failed too: interrupted"):
+            compare_module.compare(plan, tmp_path / "out")
+    except KeyboardInterrupt:  # (as it was: the bare Ctrl-C, the policy's error lost)
+        pytest.fail("the Ctrl-C came out alone: the policy's error was lost")
+
+
+def test_a_bug_while_writing_carries_the_policy_error_as_a_note(tmp_path, monkeypatch):
+    trace = write_rows(tmp_path / "t.parquet")
+    _fail_second_policy(monkeypatch, PolicyError("policy async: bad"))
+    _fail_write(monkeypatch, TypeError("a bug in the report"))
+    plan = compare_module.ComparePlan(trace, ("colocated", "async"), _config(), _cost())
+    with pytest.raises(TypeError, match="a bug in the report") as info:
+        compare_module.compare(plan, tmp_path / "out")
+    assert any("policy async had failed first: policy async: bad" in n for n in info.value.__notes__)
+
+
+def test_a_policy_bug_stays_the_error_when_writing_fails_too(tmp_path, monkeypatch):
+    trace = write_rows(tmp_path / "t.parquet")
+    _fail_second_policy(monkeypatch, ZeroDivisionError("division by zero"))
+    _fail_write(monkeypatch, OSError(errno.EACCES, "Permission denied", "summary.csv"))
+    plan = compare_module.ComparePlan(trace, ("colocated", "async"), _config(), _cost())
+    with pytest.raises(ZeroDivisionError) as info:
+        compare_module.compare(plan, tmp_path / "out")
+    assert any("failed too: Permission denied (summary.csv)" in n for n in info.value.__notes__)
+
+
+def _config():
+    from rlsched.cluster.config import RunConfig
+
+    return RunConfig(gpus=4, tp=1, steps=1, tasks_per_step=4)
+
+
+def _cost():
+    from rlsched.sim.presets import resolve_cost
+
+    return resolve_cost("none", None, None, {}, "test")

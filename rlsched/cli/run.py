@@ -103,7 +103,8 @@ def compare_cmd(
         with step_progress(specs, run.steps) as progress:
             summary = compare(plan, out, force=force, progress=progress, report=not no_report)
     except RunFailed as failed:  # (the finished runs' table, then main's one error line)
-        print_summary(failed.summary)
+        if len(failed.summary):  # (none when their summary could not be written either)
+            print_summary(failed.summary)
         raise
     print_summary(summary)
     console_err().print(f"wrote {out / 'summary.csv'}")
