@@ -6,6 +6,8 @@
    ``makespan_seconds`` 1e308, a string for a number) and drew a report of nonsense.
 3. ``rlsched compare``: when a policy failed and then writing the finished runs' results
    failed too, only the second error was shown; the policy's was lost.
+4. A trace whose token counts are all 0 was warned about as "trajectories ended before
+   finishing a turn", though every trajectory finished ``done``.
 
 Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
 by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
@@ -25,6 +27,7 @@ from fuzz_kit import judge_cli, run_cli
 
 import rlsched.compare as compare_module
 from rlsched.cluster.errors import Interrupted, PolicyError
+from rlsched.cluster.record import read_run
 from rlsched.traces import digest
 
 SMALL = ("--steps", "1", "--tasks-per-step", "4", "--gpus", "4", "--tp", "1", "--model", "none")
@@ -289,3 +292,28 @@ def _cost():
     from rlsched.sim.presets import resolve_cost
 
     return resolve_cost("none", None, None, {}, "test")
+
+
+# ------------------------------------------------------------ 4. a trace of 0 tokens
+
+
+def test_a_trace_of_zero_tokens_is_not_called_cut_short(tmp_path):
+    trace = write_rows(tmp_path / "zero.parquet", tokens=0)
+    res = run_cli(["compare", "--trace", str(trace), *SMALL, "--policies", "colocated",
+                   "--no-report", "--out", str(tmp_path / "out")])
+    assert judge_cli(res, False) == "ok"
+    run = read_run(tmp_path / "out" / "runs" / "00-colocated")
+    assert set(run.trajectories["finish_status"]) == {"done"}
+    assert "ended before finishing a turn" not in res.err
+    assert ("warning: colocated trained no tokens: the 8 trajectories it trained finished (done) but "
+            "hold no tokens: their turns' prompt_tokens and output_tokens are 0 in the trace") in res.err
+
+
+def test_the_no_tokens_reason_names_what_cut_trajectories_short():
+    from rlsched.analysis.metrics import no_tokens_reason
+
+    t = pd.DataFrame({"status": ["dropped", "trained"], "finish_status": ["timed_out", "done"],
+                      "turns_done": [0, 2], "prompt_tokens": [0, 0], "output_tokens": [0, 0]})
+    assert no_tokens_reason(t).startswith("1 of its 2 trajectories ended before finishing a turn")
+    assert no_tokens_reason(t.iloc[:1]).startswith("its trajectories ended before finishing a turn")
+    assert no_tokens_reason(t.iloc[:0]) == "it ran no trajectories"
