@@ -1,4 +1,4 @@
-"""Session 20: user-facing defects noticed in earlier reviews, each pinned here.
+"""Session 20: five user-facing defects noticed in earlier reviews, each pinned here.
 
 1. A run's ``meta.json`` held no trace digest: two runs of one trace path whose file was
    replaced in between looked like one setup to ``rlsched report A B``.
@@ -8,6 +8,8 @@
    failed too, only the second error was shown; the policy's was lost.
 4. A trace whose token counts are all 0 was warned about as "trajectories ended before
    finishing a turn", though every trajectory finished ``done``.
+5. ``tasks_per_step`` far above the trace's tasks (1,000,000 on 2) drew millions of copies
+   of the same recordings and simulated for minutes with the progress bar at step 0.
 
 Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
 by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
@@ -317,3 +319,28 @@ def test_the_no_tokens_reason_names_what_cut_trajectories_short():
     assert no_tokens_reason(t).startswith("1 of its 2 trajectories ended before finishing a turn")
     assert no_tokens_reason(t.iloc[:1]).startswith("its trajectories ended before finishing a turn")
     assert no_tokens_reason(t.iloc[:0]) == "it ran no trajectories"
+
+
+# ------------------------------------------------------------ 5. tasks_per_step past the trace
+
+
+def test_tasks_per_step_above_the_traces_tasks_is_refused_at_once(tmp_path):
+    """Was minutes of simulation (4,000,000 copies of 2 recordings) at step 0 of the bar."""
+    trace = tmp_path / "two.parquet"
+    pd.DataFrame([("a", "a0", 0, 10, 5, 1.0), ("b", "b0", 0, 10, 5, 1.0)],
+                 columns=["task_id", "trajectory_id", "turn", "prompt_tokens", "output_tokens",
+                          "env_seconds"]).to_parquet(trace)
+    expected = (f"rlsched: error: tasks_per_step=1,000,000: the trace {trace} has 2 tasks and a step "
+                "draws each at most once; expected at most 2 (more steps than the trace covers wrap "
+                "around to its first task)")
+    base = ["--trace", str(trace), "--gpus", "4", "--tp", "1", "--model", "none", "--tasks-per-step"]
+    assert one_error(["compare", *base, "1000000", "--policies", "colocated",
+                      "--out", str(tmp_path / "o")]) == expected
+    assert one_error(["plan", *base, "3", "--out", str(tmp_path / "p")]) == expected.replace(
+        "1,000,000", "3")
+    assert not (tmp_path / "o").exists() and not (tmp_path / "p").exists()
+    # as many tasks as the trace has, over more steps than it covers: the pool wraps, as before
+    res = run_cli(["compare", *base, "2", "--steps", "3", "--policies", "colocated", "--no-report",
+                   "--out", str(tmp_path / "ok")])
+    assert judge_cli(res, False) == "ok"
+    assert len(read_run(tmp_path / "ok" / "runs" / "00-colocated").trajectories) == 6
