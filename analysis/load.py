@@ -13,7 +13,7 @@ Only the event kinds the analysis uses are loaded (a seed-scale run records mill
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +24,28 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rlsched.cluster.config import MAX_SLOTS
-from rlsched.cluster.errors import RecordError
+from rlsched.cluster.errors import RecordError, shown
 from rlsched.cluster.ids import GpuState
 from rlsched.cluster.record import RunRecord, read_run
+from rlsched.traces.batches import MAX_TASK_DRAWS
+from rlsched.traces.digest import TRACE_BYTES, TRACE_SHA256, is_sha256
 
 from .intervals import state_codes
 
 KNOWN_STATES = frozenset(s.value for s in GpuState)
+DRIVERS = ("sim", "live")
+#: The longest run (``makespan_seconds``, ``lower_bound_seconds``) a record may hold: about
+#: 31,700 years. Past it float64 seconds no longer resolve a millisecond decode step, so no
+#: run's figures mean anything; 1e308 s overflowed the report's GPU-seconds to inf.
+MAX_RUN_SECONDS = 1e12
+RUN_SECONDS_WHY = " (seconds: 1e+12 is about 31,700 years)"
+#: The most optimizer steps a record may say it finished (``steps_done``, summary.csv's
+#: ``steps``): every step draws at least one task, and no run draws more than
+#: ``MAX_TASK_DRAWS``.
+MAX_STEPS = MAX_TASK_DRAWS
+#: The ``faults`` totals summary.csv reads (:func:`rlsched.analysis.metrics.fault_columns`).
+FAULT_FIELDS = ("faults", "retried_trajectories", "wasted_tokens", "train_gpu_seconds_lost",
+                "sync_gpu_seconds_lost", "failed_gpu_seconds", "tool_seconds_lost")
 # Event kinds whose rows (not only counts) the analysis reads.
 EVENT_KINDS = ("SandboxQueued", "SandboxAcquired", "SyncStart", "SyncEnd")
 INTERVAL_COLUMNS = ("gpu_first", "gpu_count", "start", "end", "state")
@@ -134,35 +149,84 @@ def _require_numbers(df: pd.DataFrame, cols: tuple[str, ...], file: Path) -> Non
                               "not a run record this rlsched reads")
 
 
-def _number(meta: dict[str, Any], key: str, file: Path, *, integer: bool, minimum: float) -> float:
+def _number(meta: Mapping[str, Any], key: str, file: Path, *, integer: bool, minimum: float,
+            maximum: float | None = None, what: str = "") -> float:
+    """``meta[key]`` as a number in ``[minimum, maximum]``, else one :class:`RecordError`
+    line naming the file, the field, its value and what is expected (``what``: a reason
+    for the range, said after it)."""
     v = meta.get(key)
     ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
     if ok and integer:
         ok = float(v).is_integer()
-    if not ok or v < minimum:
+    if not ok or v < minimum or (maximum is not None and v > maximum):
         kind = "an integer" if integer else "a finite number"
-        raise RecordError(f"{file}: field {key}={v!r}: expected {kind} >= {minimum:g}")
+        most = "" if maximum is None else f" and at most {maximum:,.0f}" if integer else f" and at most {maximum:g}"
+        raise RecordError(f"{file}: field {key}={shown(v)}: expected {kind} >= {minimum:g}{most}{what}")
     return float(v)
+
+
+def _optional_number(meta: Mapping[str, Any], key: str, file: Path, **kw: Any) -> None:
+    """:func:`_number` for a field that older records (or one driver) may lack or leave null."""
+    if meta.get(key) is not None:
+        _number(meta, key, file, **kw)
+
+
+def _optional_type(meta: Mapping[str, Any], key: str, file: Path, kind: type, expected: str) -> None:
+    v = meta.get(key)
+    if v is not None and (not isinstance(v, kind) or isinstance(v, bool)):
+        raise RecordError(f"{file}: field {key}={shown(v)}: expected {expected}")
+
+
+def check_meta(meta: Mapping[str, Any], meta_file: Path) -> None:
+    """Raise :class:`RecordError` for a ``meta.json`` field the analysis reads that no run
+    can have written: a wrong type, NaN or infinity, a count below its floor, a number past
+    float's useful range. An edited record with ``"tp": 0`` or ``"makespan_seconds": 1e308``
+    gave a report of nonsense (utilization 0, an empty plot) without a word. Fields that
+    older records lack are checked only when present."""
+    if not isinstance(meta.get("policy"), str) or not meta["policy"]:
+        raise RecordError(f"{meta_file}: field policy={shown(meta.get('policy'))}: expected the policy spec string")
+    num_gpus = int(_number(meta, "num_gpus", meta_file, integer=True, minimum=1))
+    if num_gpus > MAX_SLOTS:  # (1e12 was "out of memory: ... fewer --gpus", flags report has not)
+        raise RecordError(f"{meta_file}: field num_gpus={num_gpus}: expected at most {MAX_SLOTS:,}")
+    # engines are tp GPUs of the cluster's: both drivers refuse tp < 1 or above the GPUs
+    _optional_number(meta, "tp", meta_file, integer=True, minimum=1, maximum=num_gpus,
+                     what=f" (GPUs per engine, of num_gpus={num_gpus})")
+    # ("x" was a ValueError traceback in the report)
+    _optional_number(meta, "num_steps", meta_file, integer=True, minimum=0)
+    # (-1 was summary.csv's steps, 1e300 silently replaced by the steps table's length)
+    _optional_number(meta, "steps_done", meta_file, integer=True, minimum=0, maximum=MAX_STEPS)
+    complete = meta.get("complete")
+    if complete is not None and not isinstance(complete, bool):  # ("no" read as complete)
+        raise RecordError(f"{meta_file}: field complete={shown(complete)}: expected true or false")
+    _number(meta, "makespan_seconds", meta_file, integer=False, minimum=0, maximum=MAX_RUN_SECONDS,
+            what=RUN_SECONDS_WHY)
+    _optional_number(meta, "lower_bound_seconds", meta_file, integer=False, minimum=0,
+                     maximum=MAX_RUN_SECONDS, what=RUN_SECONDS_WHY)
+    _optional_number(meta, "max_staleness_bound", meta_file, integer=True, minimum=0)
+    _optional_number(meta, "events_processed", meta_file, integer=True, minimum=0)
+    driver = meta.get("driver")
+    if driver is not None and driver not in DRIVERS:
+        raise RecordError(f"{meta_file}: field driver={shown(driver)}: expected one of {', '.join(DRIVERS)}")
+    for key in ("spec_as_given", "trace"):
+        _optional_type(meta, key, meta_file, str, "a string")
+    for key in ("config", "cost_model", "faults", "fault_schedule"):
+        _optional_type(meta, key, meta_file, dict, "an object (or null)")
+    faults = meta.get("faults") or {}
+    for key in FAULT_FIELDS:  # (summary.csv's fault columns; -5 faults were shown as -5)
+        _optional_number({f"faults.{key}": faults.get(key)}, f"faults.{key}", meta_file, integer=False,
+                         minimum=0)
+    sha = meta.get(TRACE_SHA256)
+    if sha is not None and not is_sha256(sha):
+        raise RecordError(f"{meta_file}: field {TRACE_SHA256}={shown(sha)}: expected the trace file's "
+                          "SHA-256, 64 lowercase hex digits")
+    _optional_number(meta, TRACE_BYTES, meta_file, integer=True, minimum=0)
 
 
 def check_record(record: RunRecord) -> None:
     """Raise :class:`RecordError` if the record cannot be analysed (see module doc)."""
     d = record.path
-    meta_file = d / "meta.json"
-    if not isinstance(record.meta.get("policy"), str) or not record.meta["policy"]:
-        raise RecordError(f"{meta_file}: field policy={record.meta.get('policy')!r}: expected the policy spec string")
-    num_gpus = int(_number(record.meta, "num_gpus", meta_file, integer=True, minimum=1))
-    if num_gpus > MAX_SLOTS:  # (1e12 was "out of memory: ... fewer --gpus", flags report has not)
-        raise RecordError(f"{meta_file}: field num_gpus={num_gpus}: expected at most {MAX_SLOTS:,}")
-    if record.meta.get("num_steps") is not None:  # ("x" was a ValueError traceback in the report)
-        _number(record.meta, "num_steps", meta_file, integer=True, minimum=0)
-    complete = record.meta.get("complete")
-    if complete is not None and not isinstance(complete, bool):  # ("no" read as complete)
-        raise RecordError(f"{meta_file}: field complete={complete!r}: expected true or false")
-    _number(record.meta, "makespan_seconds", meta_file, integer=False, minimum=0)
-    lb = record.meta.get("lower_bound_seconds")
-    if lb is not None:
-        _number(record.meta, "lower_bound_seconds", meta_file, integer=False, minimum=0)
+    check_meta(record.meta, d / "meta.json")
+    num_gpus = int(record.meta["num_gpus"])
     iv = record.intervals
     ivf = d / "intervals.parquet"
     _require_columns(iv, INTERVAL_COLUMNS, ivf)

@@ -151,6 +151,35 @@ def lost_mask(record: RunRecord) -> pd.Series:
     return dispatched & status.isin(_FINISHED_UNTRAINED) & ~carried & (t["step"] < steps_done(record))
 
 
+#: What ends a trajectory before its last turn (``finish_status``).
+_CUT = (TrajStatus.TIMED_OUT.value, TrajStatus.FAILED.value, TrajStatus.INTERRUPTED.value)
+
+
+def no_tokens_reason(trajectories: pd.DataFrame) -> str:
+    """Why a run whose ``trained_tokens`` is 0 trained none, from its trajectories table
+    (``status``, ``finish_status``, ``turns_done``, ``prompt_tokens``, ``output_tokens``):
+    the words of ``rlsched compare``'s warning. It said "ended before finishing a turn"
+    of every such run, also of a trace whose token counts are all 0, where every
+    trajectory finished ``done`` and was trained -- on no tokens."""
+    t = trajectories
+    n = len(t)
+    if n == 0:
+        return "it ran no trajectories"
+    cut = t["finish_status"].astype(str).isin(_CUT) & (t["turns_done"] == 0)
+    if cut.any():
+        who = "its trajectories" if cut.all() else f"{int(cut.sum()):,} of its {n:,} trajectories"
+        return (f"{who} ended before finishing a turn (finish_status in its run's trajectories.parquet; "
+                "a context longer than an engine's KV capacity ends one: see rlsched cost show)")
+    trained = t["status"].astype(str) == TrajStatus.TRAINED.value
+    if not trained.any():
+        return "it trained none of its trajectories (status in its run's trajectories.parquet)"
+    if int((t["prompt_tokens"] + t["output_tokens"])[trained].sum()) == 0:
+        done = bool((t["finish_status"].astype(str)[trained] == TrajStatus.DONE.value).all())
+        return (f"the {int(trained.sum()):,} trajectories it trained {'finished (done) but ' if done else ''}"
+                "hold no tokens: their turns' prompt_tokens and output_tokens are 0 in the trace")
+    return "see status and trained_tokens in its run's trajectories.parquet"
+
+
 def saved_tokens(record: RunRecord) -> int:
     t = record.trajectories
     trained = t["status"].astype(str) == TrajStatus.TRAINED.value

@@ -28,7 +28,7 @@ from rlsched.cluster.record import RunRecord, read_run
 
 from . import plots
 from .breakdown import breakdown, bubbles, sandbox_windows
-from .comparable import differences_line, resolve_trace, setup_differences
+from .comparable import resolve_trace, setup_warning
 from .critical import critical_path
 from .learning import learning_table
 from .load import load_run
@@ -348,9 +348,9 @@ def render_html(t: Tables, run_figures: dict[str, str], title: str) -> str:
         f"(rlsched {html.escape(_version())}). Busy = generating or training; every share is of all "
         "GPU-time (GPUs x makespan).</p>"
     )
-    differences = setup_differences([(r.path, r.meta) for r in t.runs])
-    if differences:  # (also said on stderr by `rlsched report`)
-        body.append(f"<p class='warn'>Note: {html.escape(differences_line(differences))}.</p>")
+    warning = setup_warning([(r.path, r.meta) for r in t.runs])
+    if warning:  # (also said on stderr by `rlsched report`)
+        body.append(f"<p class='warn'>Note: {html.escape(warning)}.</p>")
     body.append("<h2>Summary</h2>")
     speed = ["policy", "steps", "sim_seconds", "lower_bound_seconds", "gap_to_bound_pct", "gpu_utilization",
              "idle_fraction", "steps_per_hour", "trained_tokens", "trained_tokens_per_gpu_hour"]

@@ -5,7 +5,9 @@ A run record is a directory:
 ``meta.json``
     ``{"format": "rlsched-run", "version": 1, "driver": "sim"|"live", "policy": SPEC,
     "num_gpus", "tp", "num_steps", "complete": bool, ...}`` plus whatever configuration
-    the driver wants to keep (cost model, trace path, seed, wall time). A simulated run
+    the driver wants to keep (cost model, trace path, seed, wall time). A run of a trace
+    file records that file's ``trace_sha256`` and ``trace_bytes`` beside ``trace`` (what
+    was replayed, whatever the path holds later; ``rlsched.traces.digest``). A simulated run
     with fault injection adds ``fault_schedule`` (the ``[faults]`` table as run) and
     ``faults`` (what fired: counts per kind, retried trajectories, time lost); a resumed
     live run adds ``resumes`` (one entry per ``--resume``, with the trajectories re-run).

@@ -406,6 +406,7 @@ class _Run:
         if r is not None:
             resumes.append({"from_version": r.version, "at_seconds": r.time, "rerun": self.rerun})
         from rlsched.real.envs.sandbox import sandbox_meta
+        from rlsched.traces.digest import trace_meta
 
         meta = RunMeta(
             driver="live",
@@ -431,6 +432,8 @@ class _Run:
                 "slots_on_gpus": bool(self.cluster.gpus) if self.cluster else False,
                 "ray_start_seconds": self.cluster.start_seconds if self.cluster else None,
                 "trace": str(trace_path.name) if trace_path else None,
+                # the bytes just written (uncached: the file is rewritten at each checkpoint)
+                **(trace_meta(trace_path, cached=False) if trace_path else {}),
                 "wall_seconds": wall + float(prior.get("wall_seconds") or 0.0),
                 "measurements": _merge_measurements(prior.get("measurements") or {}, _measurements(driver)),
                 "resumes": resumes,

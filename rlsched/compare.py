@@ -46,6 +46,7 @@ from rlsched.sim.cost import CostModel
 from rlsched.sim.driver import SimDriver
 from rlsched.sim.run import simulate
 from rlsched.sim.workload import Batches, Workload, replay_workload
+from rlsched.traces.digest import trace_meta
 
 SUMMARY_COLUMNS = (
     "policy", "steps", "sim_seconds", "trained_tokens", "gpu_utilization", "max_staleness",
@@ -168,9 +169,12 @@ def compare(
     policies = [make_policy(s) for s in plan.specs]  # fail on a bad spec before any work
     cfg = plan.config
     workload, batches = replay_workload(plan.trace_path, cfg.steps, cfg.tasks_per_step, cfg.samples_per_task)
+    # the bytes replayed, once for every run (`rlsched report` tells a trace replaced in place)
+    trace = {"trace": str(plan.trace_path), **trace_meta(plan.trace_path)}
     preflight(plan, workload, batches)
     tmp = prepare_out_dir(out, force, inputs=(plan.trace_path, *plan.inputs))
     timing: list[tuple[str, str, str, float]] = []  # (part, policy, run_dir, wall seconds)
+    unwritten: BaseException | None = None  # writing the results failed after a policy had
     try:
         run_dirs: list[Path] = []
         stopped: tuple[int, str] | None = None  # (index of the policy stopped, what happened)
@@ -186,7 +190,7 @@ def compare(
             try:
                 outcome = simulate(
                     workload, batches, policy, plan.config, plan.cost, out_dir=rd, spec=spec,
-                    meta={"trace": str(plan.trace_path), "spec_as_given": plan.specs[i]},
+                    meta={**trace, "spec_as_given": plan.specs[i]},
                     progress=cb,
                 )
             except KeyboardInterrupt:  # after the event loop (bound, record): no usable record
@@ -211,12 +215,22 @@ def compare(
         if stopped is not None and not run_dirs:
             raise KeyboardInterrupt
         # (every run kept is complete unless stopped: a failed one is not kept)
-        summary, reported = _write_summary(plan, run_dirs, tmp, report and stopped is None, timing)
-        pd.DataFrame(timing, columns=list(TIMING_COLUMNS)).to_csv(tmp / "timing.csv", index=False)
-        publish(tmp, out)
+        try:
+            summary, reported = _write_summary(plan, run_dirs, tmp, report and stopped is None, timing)
+            pd.DataFrame(timing, columns=list(TIMING_COLUMNS)).to_csv(tmp / "timing.csv", index=False)
+            publish(tmp, out)
+        except BaseException as exc:
+            if failed is None:
+                raise
+            # (a policy failed first: its error must not be lost to this one, which
+            # propagating from here would have been the only error the user saw)
+            shutil.rmtree(tmp, ignore_errors=True)
+            unwritten = exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if unwritten is not None and failed is not None:  # (raised here, outside any handler)
+        _raise_failed_unwritten(plan, failed, len(run_dirs), report and stopped is None, unwritten)
     make_one = f"no report (make one with: rlsched report {out}/runs/* --out DIR)"
     if stopped is not None:
         not_run = plan.specs[stopped[0] + 1:]
@@ -284,6 +298,52 @@ def _raise_failed(plan: ComparePlan, out: Path, failed: tuple[int, Exception], s
                         summary) from exc
     exc.add_note(f"rlsched compare: policy {plan.specs[i]} failed; {kept}{tail}")
     raise exc
+
+
+def _raise_failed_unwritten(plan: ComparePlan, failed: tuple[int, Exception], finished: int, report: bool,
+                            unwritten: BaseException) -> None:
+    """The end of a compare whose policy ``failed`` after others finished, and whose
+    results of those could then not be written either (``unwritten``: a full disk, an
+    ``--out`` that cannot be replaced, a Ctrl-C, a bug in the report). Both are said, the
+    policy's error first: it was the user's first problem, and the write's error alone
+    (all the user saw before) hid it.
+
+    A user's error (or running out of memory) on both sides is one :class:`RunFailed`
+    line; a Ctrl-C is :class:`Interrupted` with the same words; a bug on either side is
+    that bug's own exception with the words as a note, the policy's bug first (its
+    traceback is what a bug report needs)."""
+    i, exc = failed
+    spec = plan.specs[i]
+    results = "summary.csv" + (" and the report" if report else "")
+    done = f"{finished} run{'s' if finished != 1 else ''} that finished ({', '.join(plan.specs[:finished])})"
+    not_run = plan.specs[i + 1:]
+    tail = f"; not run: {', '.join(not_run)}" if not_run else ""
+    then = f"then writing {results} of the {done} failed too: {_one_line(unwritten)}{tail}"
+    if not isinstance(exc, RlschedError | MemoryError):  # the policy's run hit a bug
+        exc.add_note(f"rlsched compare: policy {spec} failed; {then}")
+        raise exc
+    reason = str(exc) if isinstance(exc, RlschedError) else "out of memory"
+    message = f"policy {spec} failed: {reason}; {then}"
+    if isinstance(unwritten, KeyboardInterrupt):
+        raise Interrupted(message) from exc
+    if isinstance(unwritten, RlschedError | OSError | MemoryError):
+        raise RunFailed(message, spec, pd.DataFrame()) from exc
+    unwritten.add_note(f"rlsched compare: policy {spec} had failed first: {reason}; {then}")
+    raise unwritten
+
+
+def _one_line(exc: BaseException) -> str:
+    """What went wrong, in words for one line (an ``OSError`` as ``strerror (file)``)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    if isinstance(exc, MemoryError):
+        return "out of memory"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror + (f" ({exc.filename})" if exc.filename else "")
+    text = str(exc).strip().splitlines()
+    if isinstance(exc, RlschedError) and text:
+        return text[0]
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def preflight(plan: ComparePlan, workload: Workload, batches: Batches) -> None:

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
+from pathlib import Path
 
 import pandas as pd
 import typer
@@ -92,7 +93,10 @@ def step_progress(specs: Sequence[str], steps: int) -> Iterator:
         yield update
 
 
-def print_summary(summary: pd.DataFrame) -> None:
+def print_summary(summary: pd.DataFrame, out: Path | None = None) -> None:
+    """The summary table on stdout; then, on stderr, one warning per policy that trained no
+    tokens, saying why from its run's trajectories (``out``: the folder whose ``run_dir``
+    paths the summary gives; without it, or unreadable, the warning names where to look)."""
     table = Table(title="policy comparison (simulated)")
     cols = [c for c in ("policy", "steps", "sim_seconds", "steps_per_hour", "lower_bound_seconds",
                         "gpu_utilization", "trained_tokens", "max_staleness", "lost_trajectories")
@@ -115,6 +119,20 @@ def print_summary(summary: pd.DataFrame) -> None:
         for _, row in summary[summary["trained_tokens"] == 0].iterrows():
             # (a run that trained nothing is no comparison: said, not left to the table --
             # every trajectory of a trace whose contexts exceed an engine's KV ends timed out)
-            typer.echo(f"warning: {row['policy']} trained no tokens: its trajectories ended before "
-                       "finishing a turn (finish_status in its run's trajectories.parquet; a context "
-                       "longer than an engine's KV capacity ends one: see rlsched cost show)", err=True)
+            reason = _no_tokens_reason(out, row.get("run_dir"))
+            typer.echo(f"warning: {row['policy']} trained no tokens: {reason}", err=True)
+
+
+def _no_tokens_reason(out: Path | None, run_dir: object) -> str:
+    """:func:`rlsched.analysis.metrics.no_tokens_reason` of the run at ``out/run_dir``."""
+    from rlsched.analysis.metrics import no_tokens_reason
+
+    cols = ["status", "finish_status", "turns_done", "prompt_tokens", "output_tokens"]
+    if out is not None and isinstance(run_dir, str) and run_dir:
+        try:
+            trajectories = pd.read_parquet(out / run_dir / "trajectories.parquet", columns=cols)
+        except (OSError, ValueError, KeyError):  # (unreadable: only this warning's detail is lost)
+            pass
+        else:
+            return no_tokens_reason(trajectories)
+    return "see status, finish_status and the token columns in its run's trajectories.parquet"

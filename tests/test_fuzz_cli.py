@@ -49,6 +49,9 @@ TINY_ROWS = [
 ]
 
 
+TINY_TASKS = len({r["task_id"] for r in TINY_ROWS})
+
+
 def write_tiny_trace(folder: Path) -> Path:
     path = folder / "tiny.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in TINY_ROWS))
@@ -140,7 +143,8 @@ def _counts_verdict(flags: dict[str, int]) -> bool:
     gpus, tp = flags.get("--gpus", 64), flags.get("--tp", 4)
     if any(v < 1 for v in flags.values()):
         return True
-    return gpus % tp != 0 or gpus // tp < 2
+    # (session 20: a step draws each task at most once, and the tiny trace has 2 tasks)
+    return gpus % tp != 0 or gpus // tp < 2 or flags.get("--tasks-per-step", 1) > TINY_TASKS
 
 
 def _policies_verdict(text: str) -> bool | None:

@@ -40,6 +40,29 @@ def _check_count(name: str, value: int | None, *, allow_none: bool) -> None:
         raise ConfigError(f"{name}={value!r} — expected a whole number >= 1")
 
 
+def check_tasks_per_step(df: pd.DataFrame, tasks_per_step: int | None, source: str) -> None:
+    """Refuse a ``tasks_per_step`` above the tasks of a trace without a ``step`` column
+    (``df``: the trace, or its one-row-per-trajectory index; ``source``: its file, for the
+    message), where the user's setting meets the user's trace (``rlsched compare``/``run``/
+    ``plan``).
+
+    Why: a step draws tasks from the pool, and more tasks than the pool holds replays the
+    same recordings several times in one step -- 2 tasks at 1,000,000 a step drew 4,000,000
+    copies of them, and the run simulated for minutes with its progress bar at step 0. More
+    *steps* than the pool covers are fine (they wrap around to its first task), and
+    :func:`draw_batches` itself still wraps inside a step for the callers that need it (the
+    planner's trace variants may have fewer tasks than the trace they came from)."""
+    if tasks_per_step is None or "step" in df.columns:
+        return  # (default: a pass over the pool; with steps recorded: at most a step's tasks)
+    tasks = int(df["task_id"].nunique())
+    if isinstance(tasks_per_step, int | np.integer) and tasks_per_step > tasks:
+        raise ConfigError(
+            f"tasks_per_step={int(tasks_per_step):,}: the trace {source} has {tasks:,} "
+            f"task{'s' if tasks != 1 else ''} and a step draws each at most once; expected at "
+            f"most {tasks:,} (more steps than the trace covers wrap around to its first task)"
+        )
+
+
 def _task_table(df: pd.DataFrame) -> tuple[list[str], dict[str, list[str]], dict[str, str]]:
     """Tasks in file order, each task's trajectories in file order, and child -> parent."""
     first = df.drop_duplicates("trajectory_id", keep="first")

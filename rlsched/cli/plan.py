@@ -67,6 +67,7 @@ def plan_cmd(
     """Search every policy's parameters in the simulator; write a ranking and recommended.toml."""
     from rlsched.plan import PlanRequest, plan
     from rlsched.traces import load_trace
+    from rlsched.traces.digest import trace_meta
 
     cfg, run, model = resolve_settings(
         config, cost, model_preset, gpu_preset, gpus=gpus, tp=tp, steps=steps, tasks_per_step=tasks_per_step,
@@ -78,8 +79,10 @@ def plan_cmd(
         if not names or any(":" in n or "=" in n for n in names):
             raise ConfigError(f"--policies {policies!r}: expected plain policy names, e.g. async,elastic")
     path = resolve_trace_path(trace, cfg)
+    frame = load_trace(path)
     req = PlanRequest(
-        trace_path=path, trace=load_trace(path), run=run, cost=model, live=dict(cfg.live),  # type: ignore[arg-type]
+        trace_path=path, trace=frame, trace_digest=trace_meta(path), run=run, cost=model,  # type: ignore[arg-type]
+        live=dict(cfg.live),
         max_staleness=max_staleness, budget_minutes=budget_minutes, max_trials=trials,
         seed=run.seed, workers=workers, ray=ray, policies=names, resamples=resamples, top=top,
         flag_pct=flag_pct, sensitivity=not no_sensitivity, report=not no_report,

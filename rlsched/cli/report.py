@@ -42,17 +42,20 @@ def report_cmd(
 
 def warn_if_setups_differ(dirs: list[Path]) -> None:
     """One stderr line when the runs did not replay the same trace on the same cluster and
-    cost model (their report would compare setups, not just policies); said before the
-    report is built, so it is seen even if that takes a while."""
-    from rlsched.analysis.comparable import differences_line, setup_differences
+    cost model (their report would compare setups, not just policies), or a trace file has
+    changed since a run replayed it (even for one run: the page's trace statistics are of
+    the file now); said before the report is built, so it is seen even if that takes a
+    while."""
+    from rlsched.analysis.comparable import setup_warning
+    from rlsched.analysis.load import check_meta
     from rlsched.cluster.record import read_run
 
-    if len(dirs) < 2:
-        return
     heads = [read_run(d, tables=()) for d in dirs]  # (a bad folder: its one error line)
-    differences = setup_differences([(h.path, h.meta) for h in heads])
-    if differences:
-        typer.echo(f"rlsched: warning: {differences_line(differences)}", err=True)
+    for h in heads:  # (an impossible field: its one error line, before any warning)
+        check_meta(h.meta, h.path / "meta.json")
+    warning = setup_warning([(h.path, h.meta) for h in heads])
+    if warning:
+        typer.echo(f"rlsched: warning: {warning}", err=True)
 
 
 def default_out(run_dirs: list[Path]) -> Path:

@@ -103,9 +103,10 @@ def compare_cmd(
         with step_progress(specs, run.steps) as progress:
             summary = compare(plan, out, force=force, progress=progress, report=not no_report)
     except RunFailed as failed:  # (the finished runs' table, then main's one error line)
-        print_summary(failed.summary)
+        if len(failed.summary):  # (none when their summary could not be written either)
+            print_summary(failed.summary, out)
         raise
-    print_summary(summary)
+    print_summary(summary, out)
     console_err().print(f"wrote {out / 'summary.csv'}")
     if not no_report:
         report = out / "report.html"
@@ -215,7 +216,7 @@ def run_cmd(
                        read_files(config, cost))
     with step_progress((policy,), run.steps) as progress:
         summary = compare(plan, out, force=force, progress=progress)
-    print_summary(summary)
+    print_summary(summary, out)
     typer.echo(f"run written to {out}")
 
 

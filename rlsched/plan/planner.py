@@ -58,6 +58,7 @@ from rlsched.plan.output import (
 from rlsched.plan.request import PlanRequest, PlanResult
 from rlsched.plan.search import BASELINE, SearchResult, judge, search
 from rlsched.plan.space import build_arms
+from rlsched.traces.batches import check_tasks_per_step
 
 
 def resolve_run(run: RunConfig, df: pd.DataFrame) -> RunConfig:
@@ -80,6 +81,7 @@ def _check(req: PlanRequest) -> None:
             raise ConfigError(f"--{name}={getattr(req, name)}: expected an integer from 1 to 100")
     if not 0 <= req.flag_pct < 100:
         raise ConfigError(f"--flag-pct={req.flag_pct}: expected a percentage in [0, 100)")
+    check_tasks_per_step(req.trace, req.run.tasks_per_step, str(req.trace_path))
 
 
 def _ranking(req: PlanRequest, res: SearchResult, steps: int, stats: pd.DataFrame,
@@ -135,12 +137,13 @@ def _write_report(req: PlanRequest, setup: PlanSetup, specs: list[str], tmp: Pat
     from rlsched.sim.run import simulate
 
     workload, batches, run = _context(setup, BASE)
+    trace = {"trace": str(req.trace_path), **req.trace_digest}  # (the bytes replayed)
     dirs = []
     for i, spec in enumerate(specs):
         policy = make_policy(spec)
         rd = tmp / "runs" / run_dir_name(spec, i)
         simulate(workload, batches, policy, run, setup.cost, out_dir=rd, spec=canonical_spec(policy),
-                 meta={"trace": str(req.trace_path), "spec_as_given": spec})
+                 meta={**trace, "spec_as_given": spec})
         dirs.append(rd)
     return write_report(dirs, tmp, title=f"rlsched plan: {req.trace_path.name}, {run.gpus} GPUs")
 

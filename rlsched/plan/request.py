@@ -36,6 +36,10 @@ class PlanRequest:
     report: bool = True
     #: Other files read (--config, --cost): an --out --force that holds them must not delete them.
     inputs: tuple[Path, ...] = ()
+    #: The trace file's SHA-256 and size when ``trace`` was read (``rlsched.traces.digest.
+    #: trace_meta``), for the report's run records; taken at load, as the search may run for
+    #: minutes while the file changes. Empty: the records name the trace by path only.
+    trace_digest: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
