@@ -159,6 +159,26 @@ def judge_cli(res: CliResult, must_fail: bool | None) -> str:
     return "clean error"
 
 
+def one_error(argv: Sequence[str]) -> str:
+    """The one error line ``rlsched ARGV`` must end in (a clean error by the rules above)."""
+    res = run_cli(argv)
+    assert judge_cli(res, True) == "clean error"
+    return res.err.strip()
+
+
+def with_meta(run: Path, dest: Path, key: str, value: Any) -> Path:
+    """A copy of the run record folder ``run`` at ``dest``, its ``meta.json`` field ``key``
+    set to ``value`` (a record edited by hand, as a user might)."""
+    import json
+    import shutil
+
+    shutil.copytree(run, dest)
+    meta = json.loads((dest / "meta.json").read_text())
+    meta[key] = value
+    (dest / "meta.json").write_text(json.dumps(meta))
+    return dest
+
+
 def snapshot(path: Path) -> object:
     """What is at ``path``: nothing, a file's bytes, or a folder's files and their bytes."""
     if path.is_symlink() or path.is_file():

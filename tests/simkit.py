@@ -81,6 +81,28 @@ def synthetic(n_traj: int, turns: int, tokens: float = 1.0, steps: int = 2, seed
     return w, [[(t, t) for t in ids_u[s * n_traj:(s + 1) * n_traj]] for s in range(steps)]
 
 
+def sample_case(preset: str, seed: int, tasks: int, samples: int, tp: int, engines: int, steps: int,
+                scale: float, cost: CostModel | None = None):
+    """A case as ``bench/no_harm.py`` draws one (a ``preset`` trace of ``tasks`` x ``steps``
+    tasks of ``samples``, turns scaled by ``scale``, on ``engines`` engines of ``tp``):
+    ``seconds(spec)``, the makespan of a complete run of that policy spec on it (``cost``:
+    the default preset's cost model unless given)."""
+    from rlsched.sim.presets import default_cost
+    from rlsched.traces import draw_batches, generate_trace
+
+    df = generate_trace(preset, seed=seed, tasks=tasks * steps, samples=samples, turns_scale=scale)
+    w, b = Workload.from_frame(df), draw_batches(df, steps, tasks)
+    cfg = RunConfig(gpus=tp * engines, tp=tp, steps=steps)
+    model = cost if cost is not None else default_cost()
+
+    def seconds(spec: str) -> float:
+        r = simulate(w, b, make_policy(spec), cfg, model).result
+        assert r.complete, spec
+        return r.makespan
+
+    return seconds
+
+
 class FakeScript:
     """A fake policy for tests: ``script(event, view)`` -> commands, nothing else (no state
     of its own), with the staleness bound and ``defers`` declaration the test gives it."""

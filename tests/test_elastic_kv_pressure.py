@@ -14,33 +14,18 @@ the tail's rule on a hand-built cluster (events in, commands out, no driver)."""
 from __future__ import annotations
 
 from rlsched.cluster.commands import Move, Reassign
-from rlsched.cluster.config import RunConfig
 from rlsched.cluster.ids import Role, TrajStatus
 from rlsched.cluster.state import ClusterState
-from rlsched.policies import make_policy
 from rlsched.policies.elastic.tail import TailSpreader
 from rlsched.policies.predict import LengthPredictor
-from rlsched.sim.presets import default_cost
-from rlsched.sim.run import simulate
-from rlsched.sim.workload import Workload
-from rlsched.traces import draw_batches, generate_trace
 
-from simkit import two_engines
+from simkit import sample_case, two_engines
 
 FRACTIONS = (0.25, 0.375, 0.5, 0.625, 0.75)
 
 
 def _seconds(seed: int, tasks: int, samples: int, tp: int, engines: int, steps: int, scale: float):
-    df = generate_trace("swe-seed", seed=seed, tasks=tasks * steps, samples=samples, turns_scale=scale)
-    w, b = Workload.from_frame(df), draw_batches(df, steps, tasks)
-    cfg = RunConfig(gpus=tp * engines, tp=tp, steps=steps)
-
-    def run(spec: str) -> float:
-        r = simulate(w, b, make_policy(spec), cfg, default_cost()).result
-        assert r.complete, spec
-        return r.makespan
-
-    return run
+    return sample_case("swe-seed", seed, tasks, samples, tp, engines, steps, scale)
 
 
 def _best_async(run) -> float:

@@ -8,15 +8,11 @@ from test_policy_elastic import _finish, _rolling_out
 from test_policy_elastic_microbatch import _timed
 
 from rlsched.cluster.commands import Reassign, TrainMicroBatch
-from rlsched.cluster.config import RunConfig
 from rlsched.cluster.events import TrajectoryFinished
 from rlsched.cluster.ids import Role, TrajStatus
-from rlsched.policies import make_policy
 from rlsched.policies.meter import Meter
-from rlsched.sim.presets import default_cost
-from rlsched.sim.run import simulate
-from rlsched.sim.workload import Workload
-from rlsched.traces import draw_batches, generate_trace
+
+from simkit import sample_case
 
 # 8 engines of 1 GPU, 8 trajectories a step, staleness 1: batches 0 and 1 roll out on 6
 # engines beside a trainer of 2 GPUs (train_share 0.25)
@@ -98,15 +94,6 @@ def test_the_meter_tells_how_long_the_running_micro_batch_has_left():
     (790778, 6, 2, 4, 3, 6, 0.1),
 ])
 def test_uniform_cases_keep_up_with_the_best_async_split(case):
-    seed, tasks, samples, tp, engines, steps, scale = case
-    df = generate_trace("uniform", seed=seed, tasks=tasks * steps, samples=samples, turns_scale=scale)
-    w, b = Workload.from_frame(df), draw_batches(df, steps, tasks)
-    cfg = RunConfig(gpus=tp * engines, tp=tp, steps=steps)
-
-    def seconds(spec: str) -> float:
-        r = simulate(w, b, make_policy(spec), cfg, default_cost()).result
-        assert r.complete, spec
-        return r.makespan
-
+    seconds = sample_case("uniform", *case)
     best = min(seconds(f"async:rollout_fraction={f},staleness=1") for f in (0.25, 0.375, 0.5, 0.625, 0.75))
     assert seconds("elastic:staleness=1") <= 1.01 * best

@@ -9,15 +9,11 @@ import pytest
 from test_policy_elastic import _finish, _rolling_out
 
 from rlsched.cluster.commands import TrainMicroBatch
-from rlsched.cluster.config import RunConfig
 from rlsched.cluster.events import TrajectoryFinished
 from rlsched.cluster.ids import Role, TrajStatus
-from rlsched.policies import make_policy
 from rlsched.policies.meter import Meter
-from rlsched.sim.presets import default_cost
-from rlsched.sim.run import simulate
-from rlsched.sim.workload import Workload
-from rlsched.traces import draw_batches, generate_trace
+
+from simkit import sample_case
 
 
 def _timed(m: Meter, gpus: int, tokens: int, seconds: float, start: float = 0.0) -> None:
@@ -129,10 +125,6 @@ def test_a_micro_batch_smaller_than_its_fixed_part_waits_while_more_of_its_step_
     (661412, 8, 8, 8, 3, 6, 0.1),
 ])
 def test_on_policy_elastic_keeps_up_with_colocated_on_uniform_traces(case):
-    seed, tasks, samples, tp, engines, steps, scale = case
-    df = generate_trace("uniform", seed=seed, tasks=tasks * steps, samples=samples, turns_scale=scale)
-    w, b = Workload.from_frame(df), draw_batches(df, steps, tasks)
-    cfg = RunConfig(gpus=tp * engines, tp=tp, steps=steps)
-    col = simulate(w, b, make_policy("colocated"), cfg, default_cost()).result.makespan
-    el = simulate(w, b, make_policy("elastic"), cfg, default_cost()).result.makespan
+    seconds = sample_case("uniform", *case)
+    col, el = seconds("colocated"), seconds("elastic")
     assert el <= 1.01 * col, (el, col)

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fuzz_kit import judge_cli, run_cli
+from fuzz_kit import judge_cli, one_error, run_cli, with_meta
 
 from rlsched.cluster.loop.assembly import Assembly
 from rlsched.cluster.state import ClusterState
@@ -28,12 +28,6 @@ def write_trace(folder: Path, name: str = "tiny.jsonl", env: float = 0.5, turns:
     path = folder / name
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-def one_error(argv: list[str]) -> str:
-    res = run_cli(argv)
-    assert judge_cli(res, True) == "clean error"
-    return res.err.strip()
 
 
 # ------------------------------------------------- a policy spec given twice to compare
@@ -355,12 +349,6 @@ def test_report_refuses_an_edited_meta_in_one_line(tmp_path, one_run, key, value
     """num_steps "x" was a ValueError traceback from the report's metrics; num_gpus 1e12
     "out of memory: the run is too large (fewer --gpus, --steps ...)", flags report has not;
     complete "no" was read as a complete run."""
-    import shutil
-
-    run = tmp_path / "run"
-    shutil.copytree(one_run, run)
-    meta = json.loads((run / "meta.json").read_text())
-    meta[key] = value
-    (run / "meta.json").write_text(json.dumps(meta))
+    run = with_meta(one_run, tmp_path / "run", key, value)
     err = one_error(["report", str(run), "--out", str(tmp_path / "r")])
     assert err == f"rlsched: error: {run / 'meta.json'}: {expected}"

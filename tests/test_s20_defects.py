@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from fuzz_kit import judge_cli, run_cli
+from fuzz_kit import judge_cli, one_error, run_cli, with_meta
 
 import rlsched.compare as compare_module
 from rlsched.cluster.errors import Interrupted, PolicyError
@@ -50,12 +50,6 @@ def compare_ok(trace: Path, out: Path, *args: str) -> Path:
                    *args, "--out", str(out)])
     assert judge_cli(res, False) == "ok", res.err
     return out / "runs" / "00-colocated"
-
-
-def one_error(argv: list[str]) -> str:
-    res = run_cli(argv)
-    assert judge_cli(res, True) == "clean error"
-    return res.err.strip()
 
 
 def warning_lines(err: str) -> list[str]:
@@ -181,11 +175,7 @@ def test_report_refuses_an_impossible_meta_value_in_one_line(tmp_path, one_run, 
     cluster's; makespan 1e308 gave utilization 0 and a collapsed plot; steps_done -1 was
     summary.csv's steps), or silently replaced by a default (max_staleness_bound "x",
     events_processed 2.5, spec_as_given 7)."""
-    run = tmp_path / "run"
-    shutil.copytree(one_run, run)
-    meta = json.loads((run / "meta.json").read_text())
-    meta[key] = value
-    (run / "meta.json").write_text(json.dumps(meta))
+    run = with_meta(one_run, tmp_path / "run", key, value)
     err = one_error(["report", str(run), "--out", str(tmp_path / "r")])
     assert err == f"rlsched: error: {run / 'meta.json'}: {expected}"
     # beside another run: the same one line, and no setup warning before it
