@@ -422,8 +422,9 @@ class Elastic(FixedSplit, Reclaim, Configured):
         # Rollout over and no GPU trains: unless an engine goes to the trainer now, nothing
         # ever happens again. Training then gets at least one engine.
         stuck = over and not tr.gpus
+        last = over and self._released >= view.num_steps  # (the run's last rollout is over)
         floor = self.config.min_engines
-        if over and self._released >= view.num_steps:
+        if last:
             floor = 0  # nothing left to roll out in this run
         elif over and self._ahead == 0 and not view.interrupted(s):
             # On-policy and the step's rollout is over: no engine has anything to do until
@@ -440,7 +441,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
             # cluster smaller than the floor and an engine): with nothing live they all go,
             # or no step would ever train (a stall, found on 8 GPUs of the default preset)
             floor = max(0, totals.engines - -(-short // view.tp))
-        if self._hold and not (over and self._released >= view.num_steps):
+        if self._hold and not last:
             return []  # a held split: the trainer grows to its side only (_grow_to_hold)
         if totals.engines <= floor:
             return []
@@ -485,7 +486,6 @@ class Elastic(FixedSplit, Reclaim, Configured):
         if release <= 0:
             return []
         gpus = least_loaded_gpus(view, loads, release)
-        last = over and self._released >= view.num_steps
         if (self._ahead and (floor or last) and tr.gpus and short <= 0
                 and not self._training.gains(view, steps, len(tr.gpus), len(gpus), back=not last)):
             # With staleness the engines must come back for the next batch: a move that
