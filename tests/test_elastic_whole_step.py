@@ -11,6 +11,7 @@ from rlsched.cluster.commands import Reassign, TrainMicroBatch
 from rlsched.cluster.events import TrajectoryFinished
 from rlsched.cluster.ids import Role, TrajStatus
 from rlsched.policies.meter import Meter
+from rlsched.sim.cost import CostModel
 
 from simkit import sample_case
 
@@ -51,6 +52,38 @@ def test_a_step_whose_rollout_is_over_trains_whole_while_the_engines_idle():
     # one trajectory of batch 1 still rolls out: its engine may empty and join the trainer
     # before a whole step would end, so micro-batches stay one trajectory per GPU
     assert _micro_batches(_finish_all(3, 1000, switch_s=8.0, live=1)) == [2]
+
+
+def _finish_unmeasured(spec: str) -> list:
+    """Batches 0 and 1 all finish before the trainer ever trained (its speed unmeasured;
+    the switch to it measured, 8 s). The commands of the last finish."""
+    st, pol = _rolling_out(8, 1, 8, spec, steps=3)
+    pol._meter.switch_s = 8.0
+    st.advance(50.0)
+    for i in range(16):
+        st.trajs[f"T{i}"].tokens = 1000
+        _finish(st, f"T{i}")
+    return list(pol.on_event(TrajectoryFinished("T15", TrajStatus.DONE, 0), st))
+
+
+def test_an_unmeasured_trainer_beside_more_idle_gpus_times_one_micro_batch_first():
+    # 6 idle engines beside a trainer of 2: whether moving them pays depends on the
+    # trainer's speed, and consolidation moves nothing before it is measured, so a step sent
+    # whole would keep the 2 GPUs for all of it; one trajectory per GPU measures it first
+    assert _micro_batches(_finish_unmeasured("elastic:staleness=1")) == [2]
+    # a trainer holding half the GPUs (4 of 8): moving every engine would at most halve the
+    # step, and the probe's extra gradient reduction bought nothing on the samples -- whole
+    assert _micro_batches(_finish_unmeasured("elastic:staleness=1,train_share=0.5")) == [8]
+
+
+def test_a_step_sent_whole_unmeasured_would_have_kept_a_small_trainer():
+    # bench/no_harm.py's flat-cost `uniform` sample (seed 2): 8 engines of tp 2, 48
+    # trajectories a step finishing at once. Sent whole before its speed was measured, the
+    # trainer's 4 GPUs trained step 0 alone for 40.7 s (147.3 s in all, 8.9% behind the
+    # best async split); a first micro-batch of 4 measured it and brought 10 GPUs
+    seconds = sample_case("uniform", 536757, 6, 8, 2, 8, 3, 0.3, cost=CostModel())
+    best = min(seconds(f"async:rollout_fraction={f},staleness=1") for f in (0.25, 0.375, 0.5, 0.625, 0.75))
+    assert seconds("elastic:staleness=1") < 0.96 * best
 
 
 def test_gpus_sent_to_the_trainer_in_the_same_decision_resize_the_step():

@@ -202,8 +202,8 @@ class Elastic(FixedSplit, Reclaim, Configured):
             # (a micro-batch queued while the trainer's GPUs are being handed back would
             # start on whatever GPUs it gets later: wait until it has them)
             step = self._train(view, tr)
-            if (isinstance(step, MicroBatch) and isinstance(event, TrajectoryFinished) and (
-                    self.config.settle or (self.config.settle_auto and self._predictor.no_spread_seen()))):
+            if isinstance(step, MicroBatch) and (self._settling or (isinstance(event, TrajectoryFinished) and (
+                    self.config.settle or (self.config.settle_auto and self._predictor.no_spread_seen())))):
                 step = None
                 cmds += self._settle(view)
         # let new work settle before releasing engines -- work that waits for weights the
@@ -239,10 +239,13 @@ class Elastic(FixedSplit, Reclaim, Configured):
         trainer that is idle when the first of a batch's simultaneous finishes arrives
         trains it alone: on a trace with no length spread, one gradient reduction more per
         step, and its timing (mostly that fixed part) overstated the training left ~10x,
-        so moves were sent that could not pay. One timer at a time: a finish while one is
-        pending waits for it. ``settle_auto`` (the default) does the same while every
-        trajectory finished so far had one length (``no_spread_seen``): where a batch does
-        finish at once, and on a long-tailed trace for the run's first finish only."""
+        so moves were sent that could not pay. One timer at a time: while one is pending
+        no micro-batch starts, whatever the event (until 2026-12 only a finish waited, and
+        an engine's idle event at the same instant started a micro-batch of the few
+        finishes seen so far: 8 of 48 on 8 engines, the rest queued behind it).
+        ``settle_auto`` (the default) does the same while every trajectory finished so far
+        had one length (``no_spread_seen``): where a batch does finish at once, and on a
+        long-tailed trace for the run's first finish only."""
         if self._settling:
             return []
         self._settling = True
@@ -353,12 +356,27 @@ class Elastic(FixedSplit, Reclaim, Configured):
             # is at its side: see Training.micro_batch and _rollout_idle)
             more = self._cuts.unfinished(view, s, self._queue) > 0
             whole = not self._switches.to_train and (
-                (not more and self._rollout_idle(view)) or 0 < self._hold == len(tr.gpus))
+                (not more and self._rollout_idle(view) and self._measured(view))
+                or 0 < self._hold == len(tr.gpus))
             return self._training.micro_batch(view, len(tr.gpus), ready, self._switches.to_train, whole, more)
         if self._cuts.unfinished(view, s, self._queue) == 0 and self._in_micro == self._cuts.size(view, s):
             self._opt_sent = True
             return OptimizerStep()
         return None
+
+    def _measured(self, view: ClusterView) -> bool:
+        """May a step go whole now: is the trainer's speed measured, or does it hold at least
+        as many GPUs as rollout (a move of every engine would at most halve the step)?
+        Consolidation moves GPUs only at a measured training rate, so a step sent whole
+        before any micro-batch was timed kept the trainer it had for all of it: the flat
+        cost model, 8 engines of tp 2 and a trainer of 4 GPUs trained a 48-trajectory step
+        whole in 40.7 s, where a first micro-batch of 4 (3.4 s) measured the rate and
+        brought 10 GPUs that finished the step 29 s sooner. That probe costs one gradient
+        reduction more; with the trainer at half the GPUs or more (``train_share=0.5``)
+        it bought nothing on the ``uniform`` samples and cost 0.3-0.5 s in most cases."""
+        if self._meter.train_gpu_s_per_token is not None:
+            return True
+        return len(view.engines()) * view.tp <= len(view.trainer().gpus)
 
     def _rollout_idle(self, view: ClusterView) -> bool:
         """Nothing rolls out or waits to (no engine, or none holds a live trajectory and
