@@ -1,0 +1,108 @@
+"""Session 21: user-facing defects found by feeding odd inputs to the CLI, each pinned here.
+
+1. ``rlsched report`` on a run record whose ``steps.parquet`` lists a version twice (a
+   record concatenated or edited by hand) ended in a pandas traceback; steps whose times
+   go backwards, or are NaN or negative, gave negative step seconds in step_times.csv and
+   critical_path.csv with exit code 0; a trajectory listed twice was counted twice (or a
+   traceback, by its index).
+
+Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
+by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from fuzz_kit import judge_cli, one_error, run_cli
+
+SMALL = ("--tasks-per-step", "2", "--gpus", "4", "--tp", "1", "--model", "none")
+
+
+def write_rows(path: Path) -> Path:
+    """A small trace: 6 tasks x 2 samples x 2 turns."""
+    rows = [(f"t{t}", f"t{t}-{k}", turn, 30 + t, 10 + 3 * k, 0.5)
+            for t in range(6) for k in range(2) for turn in range(2)]
+    pd.DataFrame(rows, columns=["task_id", "trajectory_id", "turn", "prompt_tokens", "output_tokens",
+                                "env_seconds"]).to_parquet(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def three_steps(tmp_path_factory) -> Path:
+    """One colocated run of three steps (the steps table has three rows)."""
+    folder = tmp_path_factory.mktemp("run")
+    out = folder / "out"
+    res = run_cli(["compare", "--trace", str(write_rows(folder / "t.parquet")), *SMALL, "--steps", "3",
+                   "--policies", "colocated", "--no-report", "--out", str(out)])
+    assert judge_cli(res, False) == "ok", res.err
+    return out / "runs" / "00-colocated"
+
+
+def with_table(run: Path, dest: Path, table: str, edit: Callable[[pd.DataFrame], pd.DataFrame]) -> Path:
+    """A copy of the run record ``run`` at ``dest`` with ``table``.parquet rewritten by
+    ``edit`` (a record edited by hand, or two records' tables concatenated)."""
+    shutil.copytree(run, dest)
+    f = dest / f"{table}.parquet"
+    edit(pd.read_parquet(f)).to_parquet(f, index=False)
+    return dest
+
+
+def _set(col: str, values: list[float]) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    def edit(df: pd.DataFrame) -> pd.DataFrame:
+        return df.assign(**{col: values})
+    return edit
+
+
+def _twice(df: pd.DataFrame) -> pd.DataFrame:
+    return pd.concat([df, df.iloc[:1]], ignore_index=True)
+
+
+def _backwards(df: pd.DataFrame) -> pd.DataFrame:
+    return df.assign(time=df["time"].to_numpy()[::-1])
+
+
+# ------------------------------------------------------------ 1. the steps and trajectories tables
+
+
+@pytest.mark.parametrize(("table", "edit", "expected"), [
+    ("steps", _twice, "row 3: version=1 appears more than once: expected one row per version"),
+    ("steps", _set("version", [0, 1, 2]),
+     "row 0: version=0: expected a whole number >= 1 (the weights the step made)"),
+    ("steps", _set("version", [1.5, 2, 3]),
+     "row 0: version=1.5: expected a whole number >= 1 (the weights the step made)"),
+    ("steps", _backwards, "row 1: version 2 ends at time={t1}, before version 1 at {t2}: expected steps "
+                          "to end in version order"),
+    ("steps", lambda df: df.assign(time=[df["time"][0], np.nan, df["time"][2]]),
+     "row 1: time=nan: expected a finite number of seconds >= 0"),
+    ("steps", lambda df: df.assign(time=[-5.0, df["time"][1], df["time"][2]]),
+     "row 0: time=-5.0: expected a finite number of seconds >= 0"),
+    ("trajectories", _twice, "row {n}: trajectory={first!r} appears more than once: expected one row per "
+                             "trajectory"),
+], ids=["version-twice", "version-0", "version-1.5", "time-backwards", "time-nan", "time-negative",
+        "trajectory-twice"])
+def test_report_refuses_an_impossible_table_row_in_one_line(tmp_path, three_steps, table, edit, expected):
+    """A version listed twice was a pandas traceback (critical_path's reindex); times
+    backwards, NaN or negative were step_times.csv rows of negative or empty seconds with
+    exit code 0; a trajectory listed twice was counted twice."""
+    steps = pd.read_parquet(three_steps / "steps.parquet")
+    trajs = pd.read_parquet(three_steps / "trajectories.parquet")
+    t = steps["time"].to_numpy()
+    expected = expected.format(t1=f"{t[1]:g}", t2=f"{t[2]:g}", n=len(trajs), first=trajs["trajectory"][0])
+    run = with_table(three_steps, tmp_path / "run", table, edit)
+    err = one_error(["report", str(run), "--out", str(tmp_path / "r")])
+    assert err == f"rlsched: error: {run / f'{table}.parquet'}: {expected}"
+
+
+def test_steps_that_start_after_version_1_still_report(tmp_path, three_steps):
+    """A resumed live run's record starts at its first new version: not refused."""
+    run = with_table(three_steps, tmp_path / "run", "steps", _set("version", [4, 5, 6]))
+    res = run_cli(["report", str(run), "--out", str(tmp_path / "r")])
+    assert judge_cli(res, False) == "ok", res.err
+    times = pd.read_csv(tmp_path / "r" / "step_times.csv")
+    assert (times["seconds"].dropna() >= 0).all()
