@@ -12,6 +12,7 @@ by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: err
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -106,3 +107,43 @@ def test_steps_that_start_after_version_1_still_report(tmp_path, three_steps):
     assert judge_cli(res, False) == "ok", res.err
     times = pd.read_csv(tmp_path / "r" / "step_times.csv")
     assert (times["seconds"].dropna() >= 0).all()
+
+
+# ------------------------------------------------------------ 2. a negative duration in a transcript
+
+
+def _transcript(tool: dict) -> dict:
+    return {"id": "d", "messages": [
+        {"role": "user", "content": "fix it"},
+        {"role": "assistant", "content": "```\npytest -q\n```", "timestamp": 100.0},
+        {"role": "tool", "content": "1 passed", **tool},
+        {"role": "assistant", "content": "done"}]}
+
+
+def import_one(tmp_path: Path, rec: dict) -> pd.DataFrame:
+    """``rlsched trace import --format messages`` of one transcript line: the trace rows."""
+    src, out = tmp_path / "log.jsonl", tmp_path / "t.parquet"
+    src.write_text(json.dumps(rec) + "\n")
+    res = run_cli(["trace", "import", "--format", "messages", str(src), "--out", str(out)])
+    assert judge_cli(res, False) == "ok", res.err
+    return pd.read_parquet(out)
+
+
+def test_a_negative_duration_is_estimated_not_a_recorded_zero(tmp_path):
+    """``"duration": -100`` on a tool message was written as a recorded 0 s tool call
+    (``env_estimated`` false, and the import's summary counted it as recorded)."""
+    df = import_one(tmp_path, _transcript({"duration": -100}))
+    assert df["env_estimated"].tolist() == [True, False]
+    assert df["env_seconds"][0] > 0
+
+
+def test_a_negative_duration_falls_back_to_the_timestamps(tmp_path):
+    df = import_one(tmp_path, _transcript({"duration": -1, "timestamp": 112.5}))
+    assert df["env_estimated"].tolist() == [False, False]
+    assert df["env_seconds"].tolist() == [12.5, 0.0]
+
+
+def test_a_zero_duration_is_still_recorded(tmp_path):
+    df = import_one(tmp_path, _transcript({"duration": 0}))
+    assert df["env_estimated"].tolist() == [False, False]
+    assert df["env_seconds"].tolist() == [0.0, 0.0]

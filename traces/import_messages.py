@@ -26,7 +26,7 @@ Mapping (one row per assistant message):
   ``reasoning`` / ``thinking`` when present, and its tool calls (name and arguments).
   Messages after the last assistant message feed no turn and are not counted.
 - ``env_seconds``: from per-message timing when present -- a numeric ``execution_time``,
-  ``env_seconds``, ``duration`` or ``elapsed`` on the messages after the turn (summed), or
+  ``env_seconds``, ``duration`` or ``elapsed`` (>= 0) on the messages after the turn (summed), or
   else ``timestamp`` (epoch seconds -- milliseconds when above 1e11 -- or ISO 8601) on the
   assistant message and on the last message before the next assistant message (their
   difference). Without timing the value is estimated from the turn's action
@@ -145,13 +145,17 @@ def _action(msg: dict) -> str:
 
 
 def _env_seconds(turn_msg: dict, after: list[dict]) -> float:
-    """Recorded env time of one turn, or NaN when the transcript has no timing for it."""
+    """Recorded env time of one turn, or NaN when the transcript has no timing for it.
+
+    A negative duration is damage, like a string or an infinity: the turn falls back to
+    its timestamps, else to the estimate (``env_estimated``). It used to be clamped to a
+    recorded 0 s -- a tool call that took no time, which no other importer writes."""
     durations = [m.get(k) for m in after for k in DURATION_KEYS if k in m]
     numbers = [float(d) for d in durations
-               if isinstance(d, int | float) and not isinstance(d, bool) and math.isfinite(d)]
+               if isinstance(d, int | float) and not isinstance(d, bool) and math.isfinite(d) and d >= 0]
     total = sum(numbers)
     if numbers and len(numbers) == len(durations) and math.isfinite(total):  # (1e308 twice: inf)
-        return max(total, 0.0)
+        return total
     start = timestamp_seconds(turn_msg.get("timestamp"))
     end = timestamp_seconds(after[-1].get("timestamp")) if after else None
     if start is not None and end is not None and end >= start:
