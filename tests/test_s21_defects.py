@@ -147,3 +147,55 @@ def test_a_zero_duration_is_still_recorded(tmp_path):
     df = import_one(tmp_path, _transcript({"duration": 0}))
     assert df["env_estimated"].tolist() == [False, False]
     assert df["env_seconds"].tolist() == [0.0, 0.0]
+
+
+# ------------------------------------------------------------ 3. samples_per_task above every group
+
+
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory) -> Path:
+    """A trace whose tasks have 1, 2 and 3 trajectories (an imported log's groups)."""
+    rows = [(f"t{t}", f"t{t}-{k}", 0, 20, 5 + k, 0.5) for t in range(3) for k in range(t + 1)]
+    path = tmp_path_factory.mktemp("trace") / "uneven.parquet"
+    pd.DataFrame(rows, columns=["task_id", "trajectory_id", "turn", "prompt_tokens", "output_tokens",
+                                "env_seconds"]).to_parquet(path)
+    return path
+
+
+RUN_ARGS = ("--gpus", "4", "--tp", "1", "--model", "none", "--steps", "1")
+
+
+@pytest.mark.parametrize("command", [
+    ["compare", "--policies", "colocated", "--no-report"],
+    ["run", "--policy", "colocated"],
+    ["plan", "--trials", "1"],
+])
+def test_samples_per_task_above_every_group_is_refused(tmp_path, uneven, command):
+    """``--samples-per-task 8`` on a trace of at most 3 trajectories per task ran groups of
+    at most 3, exit code 0, while meta.json recorded samples_per_task 8."""
+    out = tmp_path / "out"
+    err = one_error([*command, "--trace", str(uneven), *RUN_ARGS, "--samples-per-task", "4",
+                     "--out", str(out)])
+    assert err == (f"rlsched: error: samples_per_task=4: the trace {uneven} has at most 3 trajectories "
+                   "per task and a step replays each at most once; expected at most 3 (or leave it out: "
+                   "every trajectory of a task)")
+    assert not out.exists()
+
+
+def test_samples_per_task_that_caps_some_groups_still_runs(tmp_path, uneven):
+    res = run_cli(["compare", "--policies", "colocated", "--no-report", "--trace", str(uneven), *RUN_ARGS,
+                   "--tasks-per-step", "3", "--samples-per-task", "2", "--out", str(tmp_path / "out")])
+    assert judge_cli(res, False) == "ok", res.err
+    trajs = pd.read_parquet(tmp_path / "out" / "runs" / "00-colocated" / "trajectories.parquet")
+    assert sorted(trajs["trajectory"]) == ["t0-0", "t1-0", "t1-1", "t2-0", "t2-1"]
+
+
+def test_a_streamed_trace_is_held_to_the_same_bound(uneven):
+    """A Parquet trace too large to load whole is checked on its index, the same way."""
+    from rlsched.cluster.errors import ConfigError
+    from rlsched.sim.workload import replay_workload
+
+    with pytest.raises(ConfigError, match=r"samples_per_task=4: .* at most 3 trajectories per task"):
+        replay_workload(uneven, 1, None, 4, stream_rows=0)
+    _, batches = replay_workload(uneven, 1, None, 3, stream_rows=0)
+    assert len(batches[0]) == 6
