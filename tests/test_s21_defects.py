@@ -199,3 +199,37 @@ def test_a_streamed_trace_is_held_to_the_same_bound(uneven):
         replay_workload(uneven, 1, None, 4, stream_rows=0)
     _, batches = replay_workload(uneven, 1, None, 3, stream_rows=0)
     assert len(batches[0]) == 6
+
+
+# ------------------------------------------------------------ 4. one run given twice to report
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> Path:
+    """A compare output folder of two runs (colocated, elastic)."""
+    folder = tmp_path_factory.mktemp("cmp")
+    out = folder / "out"
+    res = run_cli(["compare", "--trace", str(write_rows(folder / "t.parquet")), *SMALL, "--steps", "1",
+                   "--policies", "colocated,elastic", "--no-report", "--out", str(out)])
+    assert judge_cli(res, False) == "ok", res.err
+    return out
+
+
+def test_report_refuses_a_run_reached_twice(tmp_path, two_runs):
+    """``rlsched report OUT OUT/runs/01-elastic`` reported elastic twice, as two runs
+    ('elastic [01-elastic] #2' and '#3') tied in every table, with exit code 0."""
+    run = two_runs / "runs" / "01-elastic"
+    err = one_error(["report", str(two_runs), str(run), "--out", str(tmp_path / "r")])
+    assert err == (f"rlsched: error: {run}: the same run given twice (through {two_runs}, then as {run}): "
+                   "expected each run once")
+    err = one_error(["report", str(run), f"{run}/", "--out", str(tmp_path / "r")])
+    assert err == (f"rlsched: error: {run}: the same run given twice (as {run}, then as {run}): "
+                   "expected each run once")
+    assert not (tmp_path / "r").exists()
+
+
+def test_report_of_distinct_runs_still_works(tmp_path, two_runs):
+    runs = two_runs / "runs"
+    res = run_cli(["report", str(runs / "00-colocated"), str(runs / "01-elastic"), "--out", str(tmp_path / "r")])
+    assert judge_cli(res, False) == "ok", res.err
+    assert pd.read_csv(tmp_path / "r" / "summary.csv")["policy"].tolist() == ["colocated", "elastic"]
