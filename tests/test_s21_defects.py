@@ -122,9 +122,14 @@ def _transcript(tool: dict) -> dict:
 
 def import_one(tmp_path: Path, rec: dict) -> pd.DataFrame:
     """``rlsched trace import --format messages`` of one transcript line: the trace rows."""
+    return import_one_with(tmp_path, rec)
+
+
+def import_one_with(tmp_path: Path, rec: dict, *args: str) -> pd.DataFrame:
+    """:func:`import_one` with more ``trace import`` arguments."""
     src, out = tmp_path / "log.jsonl", tmp_path / "t.parquet"
     src.write_text(json.dumps(rec) + "\n")
-    res = run_cli(["trace", "import", "--format", "messages", str(src), "--out", str(out)])
+    res = run_cli(["trace", "import", "--format", "messages", str(src), "--out", str(out), *args])
     assert judge_cli(res, False) == "ok", res.err
     return pd.read_parquet(out)
 
@@ -233,3 +238,51 @@ def test_report_of_distinct_runs_still_works(tmp_path, two_runs):
     res = run_cli(["report", str(runs / "00-colocated"), str(runs / "01-elastic"), "--out", str(tmp_path / "r")])
     assert judge_cli(res, False) == "ok", res.err
     assert pd.read_csv(tmp_path / "r" / "summary.csv")["policy"].tolist() == ["colocated", "elastic"]
+
+
+# ------------------------------------------------------------ 5. a --tokenizer that cannot count
+
+
+def _word_level(folder: Path, vocab: dict[str, int], unk: str) -> Path:
+    """A word-level tokenizer.json with ``vocab`` and the unknown token ``unk`` (which the
+    vocabulary may lack: a hand-edited or half-converted tokenizer)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab=vocab, unk_token=unk))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def _bpe_without_vocab(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(json.dumps(
+        {"version": "1.0", "model": {"type": "BPE", "vocab": {}, "merges": []}}))
+    return folder
+
+
+@pytest.mark.parametrize(("make", "expected"), [
+    (lambda d: _word_level(d, {"hi": 0, "x": 1}, "[UNK]"),
+     "the tokenizer fails on \"def main(): print('Hello, world!')  ... (WordLevel error: Missing [UNK] "
+     "token from the vocabulary) — expected a tokenizer that encodes any text"),
+    (_bpe_without_vocab,
+     "the tokenizer encodes \"def main(): print('Hello, world!')  # 42\" as no tokens — expected a "
+     "tokenizer that counts text (its vocabulary is empty, or it drops what it does not know)"),
+], ids=["unk-not-in-vocab", "empty-vocab"])
+def test_a_tokenizer_that_cannot_count_is_refused_in_one_line(tmp_path, make, expected):
+    """An unknown token missing from the vocabulary was a Rust ``Exception`` traceback; an
+    empty vocabulary imported every turn as 0 prompt and 0 output tokens, exit code 0."""
+    folder = make(tmp_path / "tok")
+    src = tmp_path / "log.jsonl"
+    src.write_text(json.dumps(_transcript({"duration": 1.0})) + "\n")
+    out = tmp_path / "t.parquet"
+    err = one_error(["trace", "import", "--format", "messages", str(src), "--out", str(out),
+                     "--tokenizer", str(folder)])
+    assert err == f"rlsched: error: {folder / 'tokenizer.json'}: {expected}"
+    assert not out.exists()
+
+
+def test_a_tokenizer_with_its_unknown_token_still_counts(tmp_path):
+    folder = _word_level(tmp_path / "tok", {"[UNK]": 0, "pytest": 1}, "[UNK]")
+    df = import_one_with(tmp_path, _transcript({"duration": 1.0}), "--tokenizer", str(folder))
+    assert (df["output_tokens"] > 0).all() and set(df["token_source"]) == {"tokenizer:tok"}
