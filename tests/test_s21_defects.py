@@ -286,3 +286,26 @@ def test_a_tokenizer_with_its_unknown_token_still_counts(tmp_path):
     folder = _word_level(tmp_path / "tok", {"[UNK]": 0, "pytest": 1}, "[UNK]")
     df = import_one_with(tmp_path, _transcript({"duration": 1.0}), "--tokenizer", str(folder))
     assert (df["output_tokens"] > 0).all() and set(df["token_source"]) == {"tokenizer:tok"}
+
+
+# ------------------------------------------------------------ 6. one log reached twice by an import
+
+
+@pytest.mark.parametrize(("args", "reason"), [
+    (["log.jsonl", "log.jsonl"], "log.jsonl: reached twice"),
+    (["logs", "logs/log.jsonl"], "logs/log.jsonl: reached twice"),
+    (["logs/log.jsonl", "alias.jsonl"], "alias.jsonl: the same file as logs/log.jsonl"),
+], ids=["named-twice", "folder-and-file", "symlink"])
+def test_a_log_reached_twice_is_imported_once(tmp_path, monkeypatch, args, reason):
+    """A log given twice (or as a folder and a file in it, or through a symlink) was
+    imported twice: every trajectory again as ``<id>#2``, its groups doubled, exit 0."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "logs").mkdir()
+    line = json.dumps(_transcript({"duration": 1.0})) + "\n"
+    (tmp_path / "logs" / "log.jsonl").write_text(line)
+    (tmp_path / "log.jsonl").write_text(line)
+    (tmp_path / "alias.jsonl").symlink_to(tmp_path / "logs" / "log.jsonl")
+    res = run_cli(["trace", "import", "--format", "messages", *args, "--out", "t.parquet"])
+    assert judge_cli(res, False) == "ok", res.err
+    assert f"  skipped {reason}, already imported — expected each log once" in res.out.splitlines()
+    assert pd.read_parquet(tmp_path / "t.parquet")["trajectory_id"].tolist() == ["d", "d"]  # 2 turns, 1 run
