@@ -270,6 +270,8 @@ def check_step_rows(steps: pd.DataFrame, file: Path) -> None:
     step seconds in step_times.csv and critical_path.csv without a word."""
     if steps.empty:
         return
+    _require_columns(steps, STEP_COLUMNS, file)
+    _require_numbers(steps, STEP_COLUMNS, file)
     version = steps["version"].to_numpy(dtype=float)
     bad = ~(version >= 1) | (version != np.floor(version))
     if bad.any():

@@ -309,3 +309,22 @@ def test_a_log_reached_twice_is_imported_once(tmp_path, monkeypatch, args, reaso
     assert judge_cli(res, False) == "ok", res.err
     assert f"  skipped {reason}, already imported — expected each log once" in res.out.splitlines()
     assert pd.read_parquet(tmp_path / "t.parquet")["trajectory_id"].tolist() == ["d", "d"]  # 2 turns, 1 run
+
+
+def test_fidelity_refuses_steps_that_end_out_of_order(tmp_path, three_steps):
+    """``rlsched fidelity`` read the same steps table unchecked: times that went backwards
+    were negative live_seconds and abs_error_pct in fidelity.csv, exit code 0. (A simulated
+    record with ``driver`` set to live stands for a live one: fidelity reads the same files.)"""
+    run = with_table(three_steps, tmp_path / "live", "steps", _backwards)
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, "driver": "live"}))
+    t = pd.read_parquet(three_steps / "steps.parquet")["time"].to_numpy()
+    expected = (f"rlsched: error: {run / 'steps.parquet'}: row 1: version 2 ends at time={t[1]:g}, before "
+                f"version 1 at {t[2]:g}: expected steps to end in version order")
+    assert one_error(["fidelity", str(run), "--out", str(tmp_path / "f")]) == expected
+    good = with_table(three_steps, tmp_path / "good", "steps", lambda df: df)
+    (good / "meta.json").write_text(json.dumps({**meta, "driver": "live"}))
+    assert one_error(["fidelity", str(good), "--repeat", str(run), "--out", str(tmp_path / "f")]) == expected
+    res = run_cli(["fidelity", str(good), "--out", str(tmp_path / "f")])
+    assert judge_cli(res, False) == "ok", res.err
+    assert (pd.read_csv(tmp_path / "f" / "fidelity.csv")["live_seconds"] > 0).all()
