@@ -328,3 +328,29 @@ def test_fidelity_refuses_steps_that_end_out_of_order(tmp_path, three_steps):
     res = run_cli(["fidelity", str(good), "--out", str(tmp_path / "f")])
     assert judge_cli(res, False) == "ok", res.err
     assert (pd.read_csv(tmp_path / "f" / "fidelity.csv")["live_seconds"] > 0).all()
+
+
+# ------------------------------------------------------------ 7. plan and a config's [[policy]] entries
+
+PLAN_FAST = ("--trials", "1", "--no-sensitivity", "--no-report", "--resamples", "1", "--top", "1",
+             "--policies", "colocated")
+
+
+@pytest.mark.parametrize(("entries", "warned"), [
+    ('[[policy]]\nspec = "async:staleness=1"\n', "(async:staleness=1)"),
+    ("", None),
+], ids=["with-policy", "without"])
+def test_plan_says_it_does_not_use_the_configs_policies(tmp_path, uneven, entries, warned):
+    """``rlsched plan --config C`` ignored C's ``[[policy]]`` entries without a word (a
+    config written for compare: the user expects those policies planned)."""
+    config = tmp_path / "c.toml"
+    config.write_text(f"[run]\nsteps = 1\n{entries}")
+    res = run_cli(["plan", "--trace", str(uneven), "--config", str(config), "--gpus", "4", "--tp", "1",
+                   "--model", "none", *PLAN_FAST, "--out", str(tmp_path / "p")])
+    assert judge_cli(res, False) == "ok", res.err
+    lines = [ln for ln in res.err.splitlines() if ln.startswith("rlsched: warning: ")]
+    if warned is None:
+        assert lines == []
+    else:
+        assert lines == [f"rlsched: warning: {config}: plan does not use its [[policy]] entries {warned}; it "
+                         "searches every policy's parameters -- --policies NAMES limits the search"]
