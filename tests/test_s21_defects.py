@@ -4,7 +4,16 @@
    record concatenated or edited by hand) ended in a pandas traceback; steps whose times
    go backwards, or are NaN or negative, gave negative step seconds in step_times.csv and
    critical_path.csv with exit code 0; a trajectory listed twice was counted twice (or a
-   traceback, by its index).
+   traceback, by its index). ``rlsched fidelity`` read the same steps table unchecked.
+2. ``trace import --format messages``: a negative duration was written as a recorded 0 s
+   tool call instead of being estimated.
+3. ``--samples-per-task`` above every group of the trace ran smaller groups while the
+   config and meta.json recorded the larger number.
+4. ``rlsched report OUT OUT/runs/01-x`` reported the run twice, as two tied runs.
+5. ``trace import --tokenizer DIR`` with a tokenizer that cannot count text: a Rust
+   traceback, or a trace of all-zero token counts.
+6. ``trace import`` of one log reached twice imported its trajectories twice.
+7. ``rlsched plan --config C`` ignored C's ``[[policy]]`` entries without a word.
 
 Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
 by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
