@@ -14,6 +14,7 @@
    traceback, or a trace of all-zero token counts.
 6. ``trace import`` of one log reached twice imported its trajectories twice.
 7. ``rlsched plan --config C`` ignored C's ``[[policy]]`` entries without a word.
+8. A JSON line cut inside a string was "Unterminated string starting at at column N".
 
 Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
 by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
@@ -363,3 +364,20 @@ def test_plan_says_it_does_not_use_the_configs_policies(tmp_path, uneven, entrie
     else:
         assert lines == [f"rlsched: warning: {config}: plan does not use its [[policy]] entries {warned}; it "
                          "searches every policy's parameters -- --policies NAMES limits the search"]
+
+
+# ------------------------------------------------------------ 8. "starting at at column"
+
+
+def test_a_cut_json_string_is_said_once(tmp_path):
+    """A line cut inside a string read "Unterminated string starting at at column 16"
+    (Python's message ends in "at"; the line then says where in its own words)."""
+    trace = tmp_path / "cut.jsonl"
+    trace.write_text('{"task_id":"A","traj')
+    assert one_error(["trace", "validate", str(trace)]) == (
+        f"rlsched: error: {trace}: line 1: Unterminated string starting at column 16 — expected one "
+        "JSON object per line")
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"messages":[{"role":"user","content":"hi\n')
+    err = one_error(["trace", "import", "--format", "messages", str(log), "--out", str(tmp_path / "t.parquet")])
+    assert "invalid JSON: Unterminated string starting at column 39 — expected" in err

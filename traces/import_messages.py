@@ -61,7 +61,7 @@ from rlsched.traces.import_common import (
     read_bytes_text,
     timestamp_seconds,
 )
-from rlsched.traces.schema import json_name
+from rlsched.traces.schema import json_name, json_problem
 from rlsched.traces.tokens import TokenCounter, count_all, text_of
 
 SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -255,7 +255,7 @@ def _records(path: Path) -> list[tuple[int, Any, str | None]]:
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as err:
-            raise TraceError(f"{path}: invalid JSON array: {err.msg} at line {err.lineno} "
+            raise TraceError(f"{path}: invalid JSON array: {json_problem(err)} at line {err.lineno} "
                              f"column {err.colno} — expected a JSON array of transcripts or "
                              f"JSON lines") from None
         return [(n, rec, None) for n, rec in enumerate(doc, start=1)]
@@ -268,7 +268,7 @@ def _records(path: Path) -> list[tuple[int, Any, str | None]]:
         try:
             out.append((number, decoder.decode(raw), None))
         except json.JSONDecodeError as err:
-            out.append((number, None, f"{err.msg} at column {err.colno}"))
+            out.append((number, None, f"{json_problem(err)} at column {err.colno}"))
     if out and all(err for _, _, err in out):
         try:  # one pretty-printed JSON object: say so instead of N line errors
             doc = json.loads(text)
