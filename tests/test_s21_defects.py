@@ -15,6 +15,7 @@
 6. ``trace import`` of one log reached twice imported its trajectories twice.
 7. ``rlsched plan --config C`` ignored C's ``[[policy]]`` entries without a word.
 8. A JSON line cut inside a string was "Unterminated string starting at at column N".
+9. ``trace gen`` refused a bad flag naming ``GenParams.<field>``, not the flag.
 
 Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
 by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
@@ -381,3 +382,21 @@ def test_a_cut_json_string_is_said_once(tmp_path):
     log.write_text('{"messages":[{"role":"user","content":"hi\n')
     err = one_error(["trace", "import", "--format", "messages", str(log), "--out", str(tmp_path / "t.parquet")])
     assert "invalid JSON: Unterminated string starting at column 39 — expected" in err
+
+
+# ------------------------------------------------------------ 9. trace gen names the flag
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--tasks", "0"], "--tasks=0: expected a whole number >= 1"),
+    (["--samples", "-2"], "--samples=-2: expected a whole number >= 1"),
+    (["--turns-scale", "0"], "--turns-scale=0.0: expected a finite number > 0"),
+    (["--tokens-scale", "nan"], "--tokens-scale=nan: expected a finite number > 0"),
+    (["--growth", "inf"], "--growth=inf: expected a finite number > 0"),
+], ids=["tasks", "samples", "turns-scale", "tokens-scale", "growth"])
+def test_trace_gen_names_the_flag_the_user_typed(tmp_path, args, expected):
+    """Each was refused as ``GenParams.tasks=0 — ...``: the generator's parameter record,
+    a name ``rlsched trace gen --help`` never shows."""
+    out = tmp_path / "g.jsonl"
+    assert one_error(["trace", "gen", "--out", str(out), *args]) == f"rlsched: error: {expected}"
+    assert not out.exists()
