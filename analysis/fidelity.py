@@ -24,6 +24,7 @@ import pandas as pd
 from rlsched.cluster.errors import RecordError
 from rlsched.cluster.record import RunRecord, read_run
 
+from .load import check_step_rows
 from .metrics import state_seconds, step_times
 
 ORDER_KINDS = ("RolesChanged", "WeightsSynced", "TrainStepFinished")
@@ -43,7 +44,7 @@ class FidelityResult:
 
 def live_record(path: Path) -> RunRecord:
     """Read ``path`` as a live run with a recorded trace and at least one finished step."""
-    rec = read_run(path)
+    rec = repeat_record(path)
     if rec.meta.get("driver") != "live":
         raise RecordError(f"{path}: meta.driver is {rec.meta.get('driver')!r}; fidelity needs a live run (rlsched run --live)")
     if rec.steps.empty:
@@ -51,6 +52,15 @@ def live_record(path: Path) -> RunRecord:
     trace = rec.meta.get("trace")
     if not trace or not (rec.path / str(trace)).is_file():
         raise RecordError(f"{path}: no recorded trace (meta.trace -> trace.parquet); re-run it with this rlsched")
+    return rec
+
+
+def repeat_record(path: Path) -> RunRecord:
+    """Read ``path`` with its steps table checked as the report checks it: a step time
+    that went backwards was a negative live_seconds and a negative abs_error_pct in
+    fidelity.csv, exit code 0."""
+    rec = read_run(path)
+    check_step_rows(rec.steps, rec.path / "steps.parquet")
     return rec
 
 

@@ -237,11 +237,60 @@ def check_record(record: RunRecord) -> None:
     _require_numbers(record.steps, STEP_COLUMNS, d / "steps.parquet")
     if not record.events.empty or len(record.events.columns):
         _require_columns(record.events, EVENT_COLUMNS, d / "events.parquet")
+    check_step_rows(record.steps, d / "steps.parquet")
+    _require_unique(record.trajectories, "trajectory", d / "trajectories.parquet")
     if iv.empty:
         return
     check_interval_rows(ivf, 0, state_codes(iv["state"]), lambda i: iv["state"].iloc[i], iv["gpu_first"].to_numpy(),
                         iv["gpu_count"].to_numpy(), iv["start"].to_numpy(dtype=float),
                         iv["end"].to_numpy(dtype=float), num_gpus)
+
+
+def _require_unique(df: pd.DataFrame, col: str, file: Path) -> None:
+    """Each value of ``col`` once: both drivers write one row per trajectory and per
+    optimizer step. A row written twice (a record concatenated or edited by hand) was a
+    pandas traceback in the report (a step) or counted twice in every table (a trajectory)."""
+    dup = df[col].duplicated(keep="first").to_numpy() if not df.empty else np.zeros(0, bool)
+    if dup.any():
+        i = int(dup.argmax())
+        raise RecordError(f"{file}: row {i}: {col}={shown(_plain(df[col].iloc[i]))} appears more than once: "
+                          f"expected one row per {col}")
+
+
+def _plain(value: object) -> object:
+    """A numpy scalar as the Python value a message shows (``5``, not ``np.int64(5)``)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def check_step_rows(steps: pd.DataFrame, file: Path) -> None:
+    """The steps table as the drivers write it: one row per optimizer step, its ``version``
+    a whole number >= 1 (the weights that step made), its ``time`` finite, >= 0 and not
+    before the previous version's. Versions need not start at 1 (a resumed live run's
+    record starts at its first new version). A time that went backwards gave negative
+    step seconds in step_times.csv and critical_path.csv without a word."""
+    if steps.empty:
+        return
+    _require_columns(steps, STEP_COLUMNS, file)
+    _require_numbers(steps, STEP_COLUMNS, file)
+    version = steps["version"].to_numpy(dtype=float)
+    bad = ~(version >= 1) | (version != np.floor(version))
+    if bad.any():
+        i = int(bad.argmax())
+        raise RecordError(f"{file}: row {i}: version={shown(_plain(steps['version'].iloc[i]))}: "
+                          "expected a whole number >= 1 (the weights the step made)")
+    _require_unique(steps, "version", file)
+    time = steps["time"].to_numpy(dtype=float)
+    bad = ~np.isfinite(time) | (time < 0)
+    if bad.any():
+        i = int(bad.argmax())
+        raise RecordError(f"{file}: row {i}: time={shown(_plain(steps['time'].iloc[i]))}: expected a finite "
+                          "number of seconds >= 0")
+    order = np.argsort(version, kind="stable")
+    back = np.flatnonzero(np.diff(time[order]) < 0)
+    if back.size:
+        i, j = int(order[back[0]]), int(order[back[0] + 1])
+        raise RecordError(f"{file}: row {j}: version {int(version[j])} ends at time={time[j]:g}, before "
+                          f"version {int(version[i])} at {time[i]:g}: expected steps to end in version order")
 
 
 def check_interval_rows(file: Path, offset: int, codes: np.ndarray, state_at: Callable[[int], object],

@@ -15,7 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlsched.analysis.fidelity import FidelityResult, compare_runs, live_record, write_tables
+from rlsched.analysis.fidelity import (
+    FidelityResult,
+    compare_runs,
+    live_record,
+    repeat_record,
+    write_tables,
+)
 from rlsched.cluster.config import RunConfig
 from rlsched.cluster.errors import ConfigError, RecordError
 from rlsched.cluster.record import RunRecord, read_run
@@ -77,7 +83,7 @@ def fidelity(live_dir: Path, cost: Any, out_dir: Path, *, force: bool = False,
     (``out_dir/sim``). Like ``compare``, it writes into a temporary sibling that replaces
     ``out_dir`` only when everything succeeded."""
     live = live_record(Path(live_dir))
-    rep = read_run(repeat) if repeat is not None else None
+    rep = repeat_record(repeat) if repeat is not None else None
     out = Path(out_dir)
     tmp = prepare_out_dir(out, force, inputs=(live_dir, *((repeat,) if repeat is not None else ()), *inputs))
     try:

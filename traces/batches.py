@@ -63,6 +63,27 @@ def check_tasks_per_step(df: pd.DataFrame, tasks_per_step: int | None, source: s
         )
 
 
+def check_samples_per_task(df: pd.DataFrame, samples_per_task: int | None, source: str) -> None:
+    """Refuse a ``samples_per_task`` above the largest group of the trace (``df``: the
+    trace, or its one-row-per-trajectory index; ``source``: its file), where the user's
+    setting meets the user's trace, as :func:`check_tasks_per_step` does.
+
+    Why: the setting caps each task's trajectories; above every group of the trace it caps
+    nothing, so ``--samples-per-task 8`` on a trace of 2 trajectories per task ran groups of
+    2 while the config and ``meta.json`` said 8, without a word. A value between the
+    smallest and the largest group is a cap that bites on some tasks: accepted."""
+    if samples_per_task is None or df.empty:
+        return
+    largest = int(df.drop_duplicates("trajectory_id")["task_id"].value_counts().max())
+    if isinstance(samples_per_task, int | np.integer) and samples_per_task > largest:
+        raise ConfigError(
+            f"samples_per_task={int(samples_per_task):,}: the trace {source} has at most "
+            f"{largest:,} trajector{'ies' if largest != 1 else 'y'} per task and a step "
+            f"replays each at most once; expected at most {largest:,} (or leave it out: "
+            f"every trajectory of a task)"
+        )
+
+
 def _task_table(df: pd.DataFrame) -> tuple[list[str], dict[str, list[str]], dict[str, str]]:
     """Tasks in file order, each task's trajectories in file order, and child -> parent."""
     first = df.drop_duplicates("trajectory_id", keep="first")

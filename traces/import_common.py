@@ -36,7 +36,7 @@ import pandas as pd
 
 from rlsched.cluster.errors import TraceError
 from rlsched.traces.envtime import estimate_env_seconds
-from rlsched.traces.schema import MAX_ENV_SECONDS, json_name, validate_trace
+from rlsched.traces.schema import MAX_ENV_SECONDS, json_name, json_problem, validate_trace
 
 
 @dataclass(frozen=True)
@@ -306,7 +306,7 @@ def json_records(path: Path, what: str) -> list[tuple[int, Any, str | None]]:
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as err:
-            raise TraceError(f"{path}: invalid JSON array: {err.msg} at line {err.lineno} "
+            raise TraceError(f"{path}: invalid JSON array: {json_problem(err)} at line {err.lineno} "
                              f"column {err.colno} — expected {what}") from None
         return [(n, rec, None) for n, rec in enumerate(doc, start=1)]
     out: list[tuple[int, Any, str | None]] = []
@@ -317,13 +317,13 @@ def json_records(path: Path, what: str) -> list[tuple[int, Any, str | None]]:
         try:
             out.append((number, decoder.decode(raw), None))
         except json.JSONDecodeError as err:
-            out.append((number, None, f"invalid JSON: {err.msg} at column {err.colno}"))
+            out.append((number, None, f"invalid JSON: {json_problem(err)} at column {err.colno}"))
     if out and all(err for _, _, err in out) and stripped.startswith("{"):
         try:  # one pretty-printed object is one record
             return [(1, json.loads(text), None)]
         except json.JSONDecodeError as err:
             cut = " (truncated file?)" if err.pos >= len(text.rstrip()) else ""
-            raise TraceError(f"{path}: invalid JSON{cut}: {err.msg} at line {err.lineno} "
+            raise TraceError(f"{path}: invalid JSON{cut}: {json_problem(err)} at line {err.lineno} "
                              f"column {err.colno} — expected {what}") from None
     return out
 

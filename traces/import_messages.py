@@ -26,7 +26,7 @@ Mapping (one row per assistant message):
   ``reasoning`` / ``thinking`` when present, and its tool calls (name and arguments).
   Messages after the last assistant message feed no turn and are not counted.
 - ``env_seconds``: from per-message timing when present -- a numeric ``execution_time``,
-  ``env_seconds``, ``duration`` or ``elapsed`` on the messages after the turn (summed), or
+  ``env_seconds``, ``duration`` or ``elapsed`` (>= 0) on the messages after the turn (summed), or
   else ``timestamp`` (epoch seconds -- milliseconds when above 1e11 -- or ISO 8601) on the
   assistant message and on the last message before the next assistant message (their
   difference). Without timing the value is estimated from the turn's action
@@ -61,7 +61,7 @@ from rlsched.traces.import_common import (
     read_bytes_text,
     timestamp_seconds,
 )
-from rlsched.traces.schema import json_name
+from rlsched.traces.schema import json_name, json_problem
 from rlsched.traces.tokens import TokenCounter, count_all, text_of
 
 SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -145,13 +145,17 @@ def _action(msg: dict) -> str:
 
 
 def _env_seconds(turn_msg: dict, after: list[dict]) -> float:
-    """Recorded env time of one turn, or NaN when the transcript has no timing for it."""
+    """Recorded env time of one turn, or NaN when the transcript has no timing for it.
+
+    A negative duration is damage, like a string or an infinity: the turn falls back to
+    its timestamps, else to the estimate (``env_estimated``). It used to be clamped to a
+    recorded 0 s -- a tool call that took no time, which no other importer writes."""
     durations = [m.get(k) for m in after for k in DURATION_KEYS if k in m]
     numbers = [float(d) for d in durations
-               if isinstance(d, int | float) and not isinstance(d, bool) and math.isfinite(d)]
+               if isinstance(d, int | float) and not isinstance(d, bool) and math.isfinite(d) and d >= 0]
     total = sum(numbers)
     if numbers and len(numbers) == len(durations) and math.isfinite(total):  # (1e308 twice: inf)
-        return max(total, 0.0)
+        return total
     start = timestamp_seconds(turn_msg.get("timestamp"))
     end = timestamp_seconds(after[-1].get("timestamp")) if after else None
     if start is not None and end is not None and end >= start:
@@ -251,7 +255,7 @@ def _records(path: Path) -> list[tuple[int, Any, str | None]]:
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as err:
-            raise TraceError(f"{path}: invalid JSON array: {err.msg} at line {err.lineno} "
+            raise TraceError(f"{path}: invalid JSON array: {json_problem(err)} at line {err.lineno} "
                              f"column {err.colno} — expected a JSON array of transcripts or "
                              f"JSON lines") from None
         return [(n, rec, None) for n, rec in enumerate(doc, start=1)]
@@ -264,7 +268,7 @@ def _records(path: Path) -> list[tuple[int, Any, str | None]]:
         try:
             out.append((number, decoder.decode(raw), None))
         except json.JSONDecodeError as err:
-            out.append((number, None, f"{err.msg} at column {err.colno}"))
+            out.append((number, None, f"{json_problem(err)} at column {err.colno}"))
     if out and all(err for _, _, err in out):
         try:  # one pretty-printed JSON object: say so instead of N line errors
             doc = json.loads(text)

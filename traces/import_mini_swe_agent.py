@@ -69,7 +69,7 @@ from rlsched.traces.import_common import (
     usage_prompt_deltas,
     whole_number,
 )
-from rlsched.traces.schema import json_name
+from rlsched.traces.schema import json_name, json_problem
 from rlsched.traces.tokens import TokenCounter, count_all, text_of
 
 SUFFIXES = (".json",)
@@ -160,7 +160,7 @@ def _load(path: Path) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as err:
         cut = " (truncated file?)" if err.pos >= len(text.rstrip()) else ""
-        raise TraceError(f"{path}: invalid JSON{cut}: {err.msg} at line {err.lineno} column "
+        raise TraceError(f"{path}: invalid JSON{cut}: {json_problem(err)} at line {err.lineno} column "
                          f"{err.colno} — expected {WHAT}") from None
 
 

@@ -58,7 +58,7 @@ from typing import Any
 
 from rlsched.cluster.errors import TraceError
 from rlsched.traces.import_common import ImportedTrajectory, exit_truncates
-from rlsched.traces.schema import json_name
+from rlsched.traces.schema import json_name, json_problem
 from rlsched.traces.tokens import TokenCounter, count_all, text_of
 
 SUFFIXES = (".traj",)
@@ -87,7 +87,7 @@ def _load_json(path: Path) -> Any:
                              f"expected one SWE-agent .traj object (for chat transcripts use "
                              f"--format messages)") from None
         cut = " (truncated file?)" if err.pos >= len(text.rstrip()) else ""
-        raise TraceError(f"{path}: invalid JSON{cut}: {err.msg} at line {err.lineno} column "
+        raise TraceError(f"{path}: invalid JSON{cut}: {json_problem(err)} at line {err.lineno} column "
                          f"{err.colno} — expected a SWE-agent .traj JSON file") from None
 
 

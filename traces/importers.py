@@ -113,7 +113,23 @@ def _expand(paths: Iterable[str | Path], suffixes: Sequence[str],
             skipped.append((str(path), "a device, not a log file"))
         else:
             files.append(path)
-    return files
+    return _once(files, skipped)
+
+
+def _once(files: list[Path], skipped: list[tuple[str, str]]) -> list[Path]:
+    """Each file once: a log reached again (a folder and a file in it, a name given twice,
+    a symlink) is skipped with the path it was first read as. It was imported twice -- every
+    trajectory a second time as ``<id>#2``, doubling its groups -- with exit code 0."""
+    first: dict[Path, Path] = {}
+    out: list[Path] = []
+    for path in files:
+        seen = first.setdefault(path.resolve(), path)
+        if seen is path:
+            out.append(path)
+        else:
+            what = "reached twice" if seen == path else f"the same file as {seen}"
+            skipped.append((str(path), f"{what}, already imported — expected each log once"))
+    return out
 
 
 def import_traces(fmt: str, paths: Iterable[str | Path], *,

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlsched.cluster.errors import TraceError
-from rlsched.traces.schema import json_name, validate_trace
+from rlsched.traces.schema import json_name, json_problem, validate_trace
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -157,7 +157,7 @@ def _read_jsonl(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
         try:
             obj = decoder.decode(raw)
         except json.JSONDecodeError as err:
-            raise TraceError(f"{path}: line {number}: {err.msg} at column {err.colno} — "
+            raise TraceError(f"{path}: line {number}: {json_problem(err)} at column {err.colno} — "
                              f"expected one JSON object per line") from None
         except (RecursionError, ValueError) as err:
             raise _json_limit(path, f"line {number}: ", err) from None
@@ -175,7 +175,7 @@ def _read_json_array(path: Path, text: str) -> tuple[pd.DataFrame, None]:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as err:
-        raise TraceError(f"{path}: line {err.lineno}: {err.msg} at column {err.colno} — "
+        raise TraceError(f"{path}: line {err.lineno}: {json_problem(err)} at column {err.colno} — "
                          f"expected a JSON array of objects or JSON lines") from None
     except (RecursionError, ValueError) as err:
         raise _json_limit(path, "", err) from None

@@ -14,6 +14,7 @@ line numbers so messages say ``line <n>``).
 from __future__ import annotations
 
 import difflib
+import json
 import math
 from collections.abc import Sequence
 
@@ -74,6 +75,13 @@ def json_name(value: object) -> str:
     """A parsed JSON value's kind for a message: its type's name, ``null`` for None (a
     message said "messages[0] is a JSON NoneType")."""
     return "null" if value is None else type(value).__name__
+
+
+def json_problem(err: json.JSONDecodeError) -> str:
+    """A JSON parse error's message, for a line that says where after it: Python's message
+    for a cut string ends in "starting at" and left the line reading "Unterminated string
+    starting at at column 16"."""
+    return err.msg.removesuffix(" at")
 
 
 def _show(value: object) -> str:

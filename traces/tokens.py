@@ -27,11 +27,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from rlsched.cluster.errors import TraceError
+from rlsched.cluster.errors import TraceError, shown
 
 #: ``token_source`` value of the default estimate.
 ESTIMATE_SOURCE = "estimate:chars/4"
 CHARS_PER_TOKEN = 4
+#: Text every tokenizer of a language model encodes to some tokens (words, code,
+#: punctuation and a number): checked when ``--tokenizer`` is loaded.
+PROBE_TEXT = "def main(): print('Hello, world!')  # 42"
 
 
 @runtime_checkable
@@ -77,11 +80,28 @@ class HFTokenizer:
                              f"Hugging Face tokenizers file") from None
         name = (file.parent if file.name == "tokenizer.json" else file).name
         self.source = f"tokenizer:{name}"
+        self._file = file
+        self._check_encodes()
+
+    def _check_encodes(self) -> None:
+        """Refuse, when loaded, a tokenizer that cannot count text: one whose vocabulary
+        lacks its own unknown token raised a Rust ``Exception`` traceback on the first word
+        it did not know, and one with an empty vocabulary counted every turn as 0 tokens
+        and the import wrote a trace of zeros with exit code 0."""
+        if self.count(PROBE_TEXT) == 0:
+            raise TraceError(f"{self._file}: the tokenizer encodes {PROBE_TEXT!r} as no tokens — "
+                             f"expected a tokenizer that counts text (its vocabulary is empty, or it "
+                             f"drops what it does not know)")
 
     def count(self, text: str) -> int:
         if not text:
             return 0
-        return len(self._tok.encode(text, add_special_tokens=False).ids)
+        try:
+            return len(self._tok.encode(text, add_special_tokens=False).ids)
+        except Exception as err:  # the Rust side raises a plain Exception
+            detail = " ".join(str(err).split())[:120]
+            raise TraceError(f"{self._file}: the tokenizer fails on {shown(text)} ({detail}) — "
+                             f"expected a tokenizer that encodes any text") from None
 
 
 def load_counter(tokenizer: str | Path | TokenCounter | None) -> TokenCounter:

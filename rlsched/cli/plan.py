@@ -73,6 +73,7 @@ def plan_cmd(
         config, cost, model_preset, gpu_preset, gpus=gpus, tp=tp, steps=steps, tasks_per_step=tasks_per_step,
         samples_per_task=samples_per_task, seed=seed,
     )
+    warn_unused_policies(cfg.policies, cfg.source)
     names = None
     if policies is not None:
         names = tuple(n.strip() for n in policies.split(",") if n.strip())
@@ -91,6 +92,16 @@ def plan_cmd(
     with _progress() as progress:
         result = plan(req, out, force=force, progress=progress)
     print_plan(result)
+
+
+def warn_unused_policies(specs: tuple[str, ...], source: str) -> None:
+    """One stderr line when the config lists ``[[policy]]`` entries: plan searches every
+    policy's parameters itself, and the entries were ignored without a word (a config
+    written for ``compare``, or a ``recommended.toml`` planned again, still plans)."""
+    if specs:
+        typer.echo(f"rlsched: warning: {source}: plan does not use its [[policy]] entries "
+                   f"({', '.join(specs[:3])}{', ...' if len(specs) > 3 else ''}); it searches every "
+                   "policy's parameters -- --policies NAMES limits the search", err=True)
 
 
 @contextmanager

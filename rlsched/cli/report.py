@@ -64,15 +64,37 @@ def default_out(run_dirs: list[Path]) -> Path:
 
 
 def _expand(run_dirs: list[Path]) -> list[Path]:
-    """A `rlsched compare` output folder stands for all the runs under its ``runs/``."""
+    """A `rlsched compare` output folder stands for all the runs under its ``runs/``.
+
+    A run reached twice (named twice, or both itself and through its output folder) is
+    refused: it was reported as two runs, ``#2``/``#3`` of one label, tied in every table."""
     from rlsched.cluster.record import runs_in
 
     out: list[Path] = []
+    given: dict[Path, Path] = {}  # resolved run folder -> the argument that reached it
     for d in run_dirs:
         found = runs_in(d)
         if not found and not (d / "meta.json").exists() and (d / "runs").is_dir():
             # (a compare folder whose runs are all incomplete: name them, not the folder,
             # which was blamed for a meta.json it never has)
             found = sorted(p for p in (d / "runs").iterdir() if p.is_dir())
+        for run in found or [d]:
+            _refuse_twice(run, d, given)
         out.extend(found or [d])
     return out
+
+
+def _refuse_twice(run: Path, arg: Path, given: dict[Path, Path]) -> None:
+    """Record that argument ``arg`` reached ``run``; one :class:`ConfigError` line if an
+    earlier argument reached the same folder."""
+    from rlsched.cluster.errors import ConfigError
+
+    key = run.resolve()
+    first = given.setdefault(key, arg)
+    if first is arg:
+        return
+    def reach(a: Path) -> str:
+        return f"as {a}" if a.resolve() == key else f"through {a}"
+
+    raise ConfigError(f"{run}: the same run given twice ({reach(first)}, then {reach(arg)}): "
+                      "expected each run once")

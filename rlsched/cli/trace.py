@@ -6,6 +6,7 @@ one line and exit code 2 by :mod:`rlsched.cli`; nothing here catches them.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -82,6 +83,7 @@ def gen(
                               "generated trace would overwrite; give another file name")
         _gen_like(like, out, seed, tasks, samples)
         return
+    _check_gen_flags(tasks, samples, turns_scale, tokens_scale, growth)
     overrides: dict[str, float] = {}
     for key, value in (("tasks", tasks), ("samples", samples), ("turns_scale", turns_scale),
                        ("tokens_scale", tokens_scale), ("growth", growth)):
@@ -108,6 +110,20 @@ def gen(
     typer.echo(f"wrote {path} ({size / 1e6:.2f} MB) in {seconds:.1f} s: {_counts(df)}; "
                f"turns p50 {turns['p50']:.0f} max {turns['max']:.0f}; "
                f"context max {ctx['max']:,.0f} tokens")
+
+
+def _check_gen_flags(tasks: int | None, samples: int | None, turns_scale: float | None,
+                     tokens_scale: float | None, growth: float | None) -> None:
+    """Refuse a bad ``trace gen`` flag naming the flag the user typed: the generator's own
+    check named its parameter record (``GenParams.tasks=0``, ``GenParams.turns_scale=nan``),
+    a name that appears nowhere in ``--help``."""
+    for flag, count in (("--tasks", tasks), ("--samples", samples)):
+        if count is not None and count < 1:
+            raise ConfigError(f"{flag}={count}: expected a whole number >= 1")
+    for flag, scale in (("--turns-scale", turns_scale), ("--tokens-scale", tokens_scale),
+                        ("--growth", growth)):
+        if scale is not None and not (math.isfinite(scale) and scale > 0):
+            raise ConfigError(f"{flag}={scale}: expected a finite number > 0")
 
 
 def _gen_like(like: Path, out: Path, seed: int, tasks: int | None, samples: int | None) -> None:
