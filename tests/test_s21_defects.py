@@ -45,15 +45,20 @@ def write_rows(path: Path) -> Path:
     return path
 
 
+def small_compare(folder: Path, steps: int, policies: str) -> Path:
+    """``rlsched compare`` of ``policies`` for ``steps`` steps on :func:`write_rows`'s trace:
+    its output folder."""
+    out = folder / "out"
+    res = run_cli(["compare", "--trace", str(write_rows(folder / "t.parquet")), *SMALL, "--steps", str(steps),
+                   "--policies", policies, "--no-report", "--out", str(out)])
+    assert judge_cli(res, False) == "ok", res.err
+    return out
+
+
 @pytest.fixture(scope="module")
 def three_steps(tmp_path_factory) -> Path:
     """One colocated run of three steps (the steps table has three rows)."""
-    folder = tmp_path_factory.mktemp("run")
-    out = folder / "out"
-    res = run_cli(["compare", "--trace", str(write_rows(folder / "t.parquet")), *SMALL, "--steps", "3",
-                   "--policies", "colocated", "--no-report", "--out", str(out)])
-    assert judge_cli(res, False) == "ok", res.err
-    return out / "runs" / "00-colocated"
+    return small_compare(tmp_path_factory.mktemp("run"), 3, "colocated") / "runs" / "00-colocated"
 
 
 def with_table(run: Path, dest: Path, table: str, edit: Callable[[pd.DataFrame], pd.DataFrame]) -> Path:
@@ -223,12 +228,7 @@ def test_a_streamed_trace_is_held_to_the_same_bound(uneven):
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory) -> Path:
     """A compare output folder of two runs (colocated, elastic)."""
-    folder = tmp_path_factory.mktemp("cmp")
-    out = folder / "out"
-    res = run_cli(["compare", "--trace", str(write_rows(folder / "t.parquet")), *SMALL, "--steps", "1",
-                   "--policies", "colocated,elastic", "--no-report", "--out", str(out)])
-    assert judge_cli(res, False) == "ok", res.err
-    return out
+    return small_compare(tmp_path_factory.mktemp("cmp"), 1, "colocated,elastic")
 
 
 def test_report_refuses_a_run_reached_twice(tmp_path, two_runs):
