@@ -371,7 +371,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
         before any micro-batch was timed kept the trainer it had for all of it: the flat
         cost model, 8 engines of tp 2 and a trainer of 4 GPUs trained a 48-trajectory step
         whole in 40.7 s, where a first micro-batch of 4 (3.4 s) measured the rate and
-        brought 10 GPUs that finished the step 29 s sooner. That probe costs one gradient
+        brought 10 GPUs that finished the step 21 s sooner. That probe costs one gradient
         reduction more; with the trainer at half the GPUs or more (``train_share=0.5``)
         it bought nothing on the ``uniform`` samples and cost 0.3-0.5 s in most cases."""
         if self._meter.train_gpu_s_per_token is not None:
