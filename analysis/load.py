@@ -253,13 +253,8 @@ def _require_unique(df: pd.DataFrame, col: str, file: Path) -> None:
     dup = df[col].duplicated(keep="first").to_numpy() if not df.empty else np.zeros(0, bool)
     if dup.any():
         i = int(dup.argmax())
-        raise RecordError(f"{file}: row {i}: {col}={shown(_plain(df[col].iloc[i]))} appears more than once: "
+        raise RecordError(f"{file}: row {i}: {col}={shown(df[col].iloc[i])} appears more than once: "
                           f"expected one row per {col}")
-
-
-def _plain(value: object) -> object:
-    """A numpy scalar as the Python value a message shows (``5``, not ``np.int64(5)``)."""
-    return value.item() if isinstance(value, np.generic) else value
 
 
 def check_step_rows(steps: pd.DataFrame, file: Path) -> None:
@@ -276,14 +271,14 @@ def check_step_rows(steps: pd.DataFrame, file: Path) -> None:
     bad = ~(version >= 1) | (version != np.floor(version))
     if bad.any():
         i = int(bad.argmax())
-        raise RecordError(f"{file}: row {i}: version={shown(_plain(steps['version'].iloc[i]))}: "
+        raise RecordError(f"{file}: row {i}: version={shown(steps['version'].iloc[i])}: "
                           "expected a whole number >= 1 (the weights the step made)")
     _require_unique(steps, "version", file)
     time = steps["time"].to_numpy(dtype=float)
     bad = ~np.isfinite(time) | (time < 0)
     if bad.any():
         i = int(bad.argmax())
-        raise RecordError(f"{file}: row {i}: time={shown(_plain(steps['time'].iloc[i]))}: expected a finite "
+        raise RecordError(f"{file}: row {i}: time={shown(steps['time'].iloc[i])}: expected a finite "
                           "number of seconds >= 0")
     order = np.argsort(version, kind="stable")
     back = np.flatnonzero(np.diff(time[order]) < 0)

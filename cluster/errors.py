@@ -55,7 +55,10 @@ class InvariantViolation(RuntimeError):
 
 def shown(value: object) -> str:
     """A value as an error line shows it: its repr, cut to 40 characters (a fuzzed
-    400-digit number or a huge list must not become a screenful)."""
+    400-digit number or a huge list must not become a screenful). A numpy scalar (a cell
+    of a table) shows as the Python value it holds, ``5`` rather than ``np.int64(5)``."""
+    if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
+        value = value.item()  # (numpy scalars, without importing numpy here)
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
