@@ -231,17 +231,15 @@ def replay_workload(
     they use. Smaller traces, and JSONL, are read and validated whole (``stream_rows=0``
     streams every Parquet trace)."""
     from rlsched.traces import draw_batches, load_trace
-    from rlsched.traces.batches import check_samples_per_task, check_tasks_per_step
+    from rlsched.traces.batches import check_draw
 
     if _parquet_rows(path) > stream_rows:
         index = trace_index(path)
-        check_tasks_per_step(index, tasks_per_step, str(path))
-        check_samples_per_task(index, samples_per_task, str(path))
+        check_draw(index, tasks_per_step, samples_per_task, str(path))
         batches = draw_batches(index, steps, tasks_per_step, samples_per_task)
         return load_workload(path, batches, index), batches
     df = load_trace(path)
-    check_tasks_per_step(df, tasks_per_step, str(path))
-    check_samples_per_task(df, samples_per_task, str(path))
+    check_draw(df, tasks_per_step, samples_per_task, str(path))
     batches = draw_batches(df, steps, tasks_per_step, samples_per_task)
     return Workload.from_frame(df), batches
 

@@ -40,7 +40,17 @@ def _check_count(name: str, value: int | None, *, allow_none: bool) -> None:
         raise ConfigError(f"{name}={value!r} — expected a whole number >= 1")
 
 
-def check_tasks_per_step(df: pd.DataFrame, tasks_per_step: int | None, source: str) -> None:
+def check_draw(df: pd.DataFrame, tasks_per_step: int | None, samples_per_task: int | None,
+               source: str) -> None:
+    """Refuse batch settings the trace cannot honour, where the user's settings meet the
+    user's trace (``rlsched compare``/``run``/``plan``, before :func:`draw_batches`):
+    ``tasks_per_step`` above its tasks, ``samples_per_task`` above its largest group.
+    ``df``: the trace, or its one-row-per-trajectory index; ``source``: its file."""
+    _check_tasks_per_step(df, tasks_per_step, source)
+    _check_samples_per_task(df, samples_per_task, source)
+
+
+def _check_tasks_per_step(df: pd.DataFrame, tasks_per_step: int | None, source: str) -> None:
     """Refuse a ``tasks_per_step`` above the tasks of a trace without a ``step`` column
     (``df``: the trace, or its one-row-per-trajectory index; ``source``: its file, for the
     message), where the user's setting meets the user's trace (``rlsched compare``/``run``/
@@ -63,10 +73,10 @@ def check_tasks_per_step(df: pd.DataFrame, tasks_per_step: int | None, source: s
         )
 
 
-def check_samples_per_task(df: pd.DataFrame, samples_per_task: int | None, source: str) -> None:
+def _check_samples_per_task(df: pd.DataFrame, samples_per_task: int | None, source: str) -> None:
     """Refuse a ``samples_per_task`` above the largest group of the trace (``df``: the
     trace, or its one-row-per-trajectory index; ``source``: its file), where the user's
-    setting meets the user's trace, as :func:`check_tasks_per_step` does.
+    setting meets the user's trace, as :func:`_check_tasks_per_step` does.
 
     Why: the setting caps each task's trajectories; above every group of the trace it caps
     nothing, so ``--samples-per-task 8`` on a trace of 2 trajectories per task ran groups of

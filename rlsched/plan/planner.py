@@ -58,7 +58,7 @@ from rlsched.plan.output import (
 from rlsched.plan.request import PlanRequest, PlanResult
 from rlsched.plan.search import BASELINE, SearchResult, judge, search
 from rlsched.plan.space import build_arms
-from rlsched.traces.batches import check_samples_per_task, check_tasks_per_step
+from rlsched.traces.batches import check_draw
 
 
 def resolve_run(run: RunConfig, df: pd.DataFrame) -> RunConfig:
@@ -81,8 +81,7 @@ def _check(req: PlanRequest) -> None:
             raise ConfigError(f"--{name}={getattr(req, name)}: expected an integer from 1 to 100")
     if not 0 <= req.flag_pct < 100:
         raise ConfigError(f"--flag-pct={req.flag_pct}: expected a percentage in [0, 100)")
-    check_tasks_per_step(req.trace, req.run.tasks_per_step, str(req.trace_path))
-    check_samples_per_task(req.trace, req.run.samples_per_task, str(req.trace_path))
+    check_draw(req.trace, req.run.tasks_per_step, req.run.samples_per_task, str(req.trace_path))
 
 
 def _ranking(req: PlanRequest, res: SearchResult, steps: int, stats: pd.DataFrame,
