@@ -202,8 +202,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
             # (a micro-batch queued while the trainer's GPUs are being handed back would
             # start on whatever GPUs it gets later: wait until it has them)
             step = self._train(view, tr)
-            if isinstance(step, MicroBatch) and (self._settling or (isinstance(event, TrajectoryFinished) and (
-                    self.config.settle or (self.config.settle_auto and self._predictor.no_spread_seen())))):
+            if isinstance(step, MicroBatch) and self._waits_to_settle(event):
                 step = None
                 cmds += self._settle(view)
         # let new work settle before releasing engines -- work that waits for weights the
@@ -230,6 +229,15 @@ class Elastic(FixedSplit, Reclaim, Configured):
         if self.config.isolate and isinstance(event, (TrajectoryFinished, RolesChanged)):
             cmds += self._tail.isolate(view, self._rolling(), self._queue, self._ahead, cmds)
         return cmds
+
+    def _waits_to_settle(self, event: Event) -> bool:
+        """Does a micro-batch wait for the end of the instant (``settle``)? While a timer
+        is pending, whatever the event; else on a finish, with ``settle`` or while
+        ``settle_auto`` has seen no length spread."""
+        if self._settling:
+            return True
+        return isinstance(event, TrajectoryFinished) and (
+            self.config.settle or (self.config.settle_auto and self._predictor.no_spread_seen()))
 
     def _settle(self, view: ClusterView) -> list[Command]:
         """``settle``: the micro-batch a trajectory's finish would start waits for the end of
@@ -356,7 +364,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
             # is at its side: see Training.micro_batch and _rollout_idle)
             more = self._cuts.unfinished(view, s, self._queue) > 0
             whole = not self._switches.to_train and (
-                (not more and self._rollout_idle(view) and self._measured(view))
+                (not more and self._rollout_idle(view) and self._measured(view, tr))
                 or 0 < self._hold == len(tr.gpus))
             return self._training.micro_batch(view, len(tr.gpus), ready, self._switches.to_train, whole, more)
         if self._cuts.unfinished(view, s, self._queue) == 0 and self._in_micro == self._cuts.size(view, s):
@@ -364,7 +372,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
             return OptimizerStep()
         return None
 
-    def _measured(self, view: ClusterView) -> bool:
+    def _measured(self, view: ClusterView, tr: TrainerInfo) -> bool:
         """May a step go whole now: is the trainer's speed measured, or does it hold at least
         as many GPUs as rollout (a move of every engine would at most halve the step)?
         Consolidation moves GPUs only at a measured training rate, so a step sent whole
@@ -376,7 +384,7 @@ class Elastic(FixedSplit, Reclaim, Configured):
         it bought nothing on the ``uniform`` samples and cost 0.3-0.5 s in most cases."""
         if self._meter.train_gpu_s_per_token is not None:
             return True
-        return len(view.engines()) * view.tp <= len(view.trainer().gpus)
+        return len(view.engines()) * view.tp <= len(tr.gpus)
 
     def _rollout_idle(self, view: ClusterView) -> bool:
         """Nothing rolls out or waits to (no engine, or none holds a live trajectory and
