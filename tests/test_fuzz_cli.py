@@ -50,6 +50,7 @@ TINY_ROWS = [
 
 
 TINY_TASKS = len({r["task_id"] for r in TINY_ROWS})
+TINY_SAMPLES = 2  # trajectories per task in TINY_ROWS
 
 
 def write_tiny_trace(folder: Path) -> Path:
@@ -143,8 +144,11 @@ def _counts_verdict(flags: dict[str, int]) -> bool:
     gpus, tp = flags.get("--gpus", 64), flags.get("--tp", 4)
     if any(v < 1 for v in flags.values()):
         return True
-    # (session 20: a step draws each task at most once, and the tiny trace has 2 tasks)
-    return gpus % tp != 0 or gpus // tp < 2 or flags.get("--tasks-per-step", 1) > TINY_TASKS
+    # (session 20: a step draws each task at most once, and the tiny trace has 2 tasks;
+    # session 21: a samples cap above every group of the trace is refused, and its groups
+    # hold 2 trajectories)
+    return (gpus % tp != 0 or gpus // tp < 2 or flags.get("--tasks-per-step", 1) > TINY_TASKS
+            or flags.get("--samples-per-task", 1) > TINY_SAMPLES)
 
 
 def _policies_verdict(text: str) -> bool | None:
