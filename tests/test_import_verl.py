@@ -11,6 +11,7 @@ import re
 import pytest
 from importkit import FIXTURES, FakeWordCounter
 
+from rlsched.cli.trace_import import summary_lines
 from rlsched.cluster.errors import TraceError
 from rlsched.traces import load_trace
 from rlsched.traces.batches import draw_batches
@@ -81,6 +82,30 @@ def test_import_keeps_the_step_and_flags_every_tool_turn_as_estimated(tmp_path):
     path = tmp_path / "verl.jsonl"
     res.df.to_json(path, orient="records", lines=True)
     assert len(load_trace(path)) == len(df)
+
+
+def test_a_line_without_step_takes_its_files_step(tmp_path):
+    # verl names each dump <step>.jsonl; one line without the field (a dump edited or
+    # merged by hand) dropped the step column from the whole import
+    lines = [json.loads(x) for x in (ROLLOUT / "2.jsonl").read_text().splitlines()]
+    del lines[0]["step"]
+    (tmp_path / "2.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    res = import_traces("verl", [ROLLOUT / "1.jsonl", tmp_path / "2.jsonl"], tokenizer=WORDS)
+    assert res.notes == ()
+    steps = res.df.groupby("trajectory_id")["step"].first()
+    assert steps.to_dict() == {"1:1": 1, "1:2": 1, "1:3": 1, "1:4": 1, "2:1": 2, "2:2": 2}
+
+
+def test_a_step_recorded_on_only_some_trajectories_is_said_not_dropped_silently(tmp_path):
+    lines = [json.loads(x) for x in (ROLLOUT / "2.jsonl").read_text().splitlines()]
+    del lines[1]["step"]
+    (tmp_path / "merged.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    res = import_traces("verl", [ROLLOUT / "1.jsonl", tmp_path / "merged.jsonl"], tokenizer=WORDS)
+    assert "step" not in res.df.columns
+    assert res.notes == ("step: recorded on 5 of 6 trajectories (not on 'merged:2'), so the trace "
+                         "has no step column and a replay draws its batches at random; give every "
+                         "trajectory its step to replay the recorded batches",)
+    assert res.notes[0] in summary_lines(res)
 
 
 def test_bad_lines_are_skipped_and_the_rest_imported(tmp_path):

@@ -45,7 +45,8 @@ Mapping (one row per assistant turn):
   running a script); the last turn ran no tool: 0 s.
 - ``task_id``: ``uid`` when the dump has it, else ``prompt-`` + a hash of ``input`` (the
   GRPO samples of one prompt share it); ``trajectory_id``: ``<file stem>:<line>``;
-  ``step``: ``step`` (so a replay draws the recorded batches); ``reward``: ``score``.
+  ``step``: ``step`` (so a replay draws the recorded batches), or for a line without it
+  the file's name ``<step>.jsonl``; ``reward``: ``score``.
 - ``truncated``: the last turn ends in a tool call nothing answered (the turn or length
   limit stopped the loop) or inside an unclosed ``<tool_call>``/``<think>``.
 """
@@ -174,9 +175,11 @@ def _score(rec: dict, where: str) -> float:
     return float(value)
 
 
-def _step(rec: dict, where: str) -> int | None:
+def _step(rec: dict, where: str, default: int | None = None) -> int | None:
+    """The line's ``step``; ``default`` (its file's step, from the name ``<step>.jsonl``)
+    when it records none."""
     if "step" not in rec or rec["step"] is None:
-        return None
+        return default
     value = rec["step"]
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62:
         raise TraceError(f"{where}: step {value!r} — expected a whole number >= 0 (below "
@@ -185,8 +188,9 @@ def _step(rec: dict, where: str) -> int | None:
 
 
 def read_record(rec: Any, where: str, default_id: str,
-                counter: TokenCounter) -> ImportedTrajectory:
-    """One dump line -> one trajectory; ``where`` (file:line) names it in errors."""
+                counter: TokenCounter, default_step: int | None = None) -> ImportedTrajectory:
+    """One dump line -> one trajectory; ``where`` (file:line) names it in errors;
+    ``default_step``: the step of a line that records none (its file's)."""
     if isinstance(rec, dict) and {"input", "output"} <= rec.keys():
         for key in ("input", "output"):
             if not isinstance(rec[key], str):
@@ -213,11 +217,23 @@ def read_record(rec: Any, where: str, default_id: str,
         task_id=_task_id(rec), trajectory_id=default_id, prompt_tokens=tuple(prompt),
         output_tokens=tuple(output), env_seconds=tuple(env), actions=tuple(actions),
         truncated=status is not None, reward=_score(rec, where), exit_status=status,
-        step=_step(rec, where))
+        step=_step(rec, where, default_step))
+
+
+def file_step(path: Path) -> int | None:
+    """The step a dump file's name gives (verl writes ``<step>.jsonl``), or None for any
+    other name."""
+    stem = path.stem
+    return int(stem) if stem.isascii() and stem.isdigit() and len(stem) < 19 else None
 
 
 def read_file(path: Path, counter: TokenCounter
               ) -> tuple[list[ImportedTrajectory], list[tuple[str, str]]]:
-    """Importer entry point: every good line is a trajectory, every bad line a skip."""
+    """Importer entry point: every good line is a trajectory, every bad line a skip. A line
+    without ``step`` takes its file's (``<step>.jsonl``): verl writes the field on every
+    line, but a dump edited or merged by hand may lack it on some, and one trajectory
+    without a step dropped the column from the whole import (a replay then drew batches at
+    random instead of the recorded ones)."""
+    step = file_step(path)
     return read_records(path, WHAT, lambda rec, where, line: read_record(
-        rec, where, f"{path.stem}:{line}", counter))
+        rec, where, f"{path.stem}:{line}", counter, step))

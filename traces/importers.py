@@ -76,6 +76,8 @@ class ImportResult:
     files: int = 0
     #: Rows whose token counts are the model API's reported usage (``recorded:usage``).
     token_recorded: int = 0
+    #: What the summary must tell beyond the counts (a column left out, and why).
+    notes: tuple[str, ...] = ()
 
 
 def get_importer(fmt: str) -> Importer:
@@ -166,4 +168,19 @@ def import_traces(fmt: str, paths: Iterable[str | Path], *,
     return ImportResult(df=df, imported=len(trajs), skipped=skipped,
                         token_source=counter.source,
                         env_estimated=int(df["env_estimated"].sum()), files=len(files),
-                        token_recorded=int((df["token_source"] == RECORDED_SOURCE).sum()))
+                        token_recorded=int((df["token_source"] == RECORDED_SOURCE).sum()),
+                        notes=_step_notes(trajs))
+
+
+def _step_notes(trajs: Sequence[ImportedTrajectory]) -> tuple[str, ...]:
+    """A trace has a ``step`` column only when every trajectory recorded its step (a
+    replay then draws the recorded batches); when only some did, the column is left out,
+    and the summary says so, naming the first without one -- it was left out silently."""
+    missing = [t.trajectory_id for t in trajs if t.step is None]
+    if not missing or len(missing) == len(trajs):
+        return ()
+    return (f"step: recorded on {len(trajs) - len(missing)} of {len(trajs)} trajectories "
+            f"(not on {missing[0]!r}"
+            + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+            + "), so the trace has no step column and a replay draws its batches at random; "
+            "give every trajectory its step to replay the recorded batches",)

@@ -52,6 +52,7 @@ def summary_lines(result: ImportResult, out: Path | None = None) -> list[str]:
     lines.append(f"env time estimated on {result.env_estimated} of {len(df)} turns "
                  f"(column env_estimated; model: {MODEL_NAME}); truncated trajectories: "
                  f"{truncated}")
+    lines.extend(result.notes)
     if out is not None:
         lines.append(f"wrote {out}")
     return lines
