@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlsched.traces.digest import FileDigest, file_digest, recorded_digest
+from rlsched.traces.digest import TRACE_RESOLVED, FileDigest, file_digest, recorded_digest
 
 COST_KEYS_SHOWN = 3  # differing cost-model fields named in the line; the rest are counted
 
@@ -39,6 +39,34 @@ def resolve_trace(run_path: Path, given: Any) -> Path | None:
         if cand.is_file():
             return cand
     return None
+
+
+def run_trace(run_path: Path, meta: Mapping[str, Any]) -> Path | None:
+    """The trace file a run replayed, as found from here: :func:`resolve_trace` on its
+    ``trace``, then the absolute path the run resolved it to (``trace_resolved``: a
+    relative ``--trace`` named a file in the folder the run was started from, which a
+    report started elsewhere could not find, or found another file of that name there).
+    When the run recorded its trace's digest, a candidate holding other bytes gives way to
+    one holding the recorded ones; with none, the first found (its change is then said,
+    :func:`trace_changed`)."""
+    found: list[Path] = []
+    given = meta.get("trace")
+    first = resolve_trace(run_path, given)
+    if first is not None:
+        found.append(first)
+    resolved = meta.get(TRACE_RESOLVED)
+    if isinstance(resolved, str) and resolved and Path(resolved).is_file():
+        found.append(Path(resolved))
+    recorded = recorded_digest(meta)
+    if recorded is None or len(found) < 2:
+        return found[0] if found else None
+    for f in found:
+        try:
+            if f.stat().st_size == recorded.size and file_digest(f) == recorded:
+                return f
+        except OSError:
+            continue
+    return found[0]
 
 
 def _digest(path: Path) -> str:
@@ -101,7 +129,7 @@ def _one_path(runs: Runs, files: Sequence[Path | None]) -> bool:
 
 def _trace_difference(runs: Runs) -> str | None:
     names = [Path(str(meta.get("trace") or "?")).name for _, meta in runs]
-    files = [resolve_trace(path, meta.get("trace")) for path, meta in runs]
+    files = [run_trace(path, meta) for path, meta in runs]
     recorded = [recorded_digest(meta) for _, meta in runs]
     keys = _trace_keys(files, recorded)
     if keys is None:
@@ -126,7 +154,7 @@ def trace_changed(runs: Runs) -> str | None:
     now: dict[str, FileDigest] = {}  # trace file -> what it holds now (sha256 "" until needed)
     for path, meta in runs:
         r = recorded_digest(meta)
-        f = resolve_trace(path, meta.get("trace")) if r is not None else None
+        f = run_trace(path, meta) if r is not None else None
         if r is None or f is None:
             continue
         key = str(f.resolve())

@@ -207,7 +207,7 @@ def check_meta(meta: Mapping[str, Any], meta_file: Path) -> None:
     driver = meta.get("driver")
     if driver is not None and driver not in DRIVERS:
         raise RecordError(f"{meta_file}: field driver={shown(driver)}: expected one of {', '.join(DRIVERS)}")
-    for key in ("spec_as_given", "trace"):
+    for key in ("spec_as_given", "trace", "trace_resolved"):
         _optional_type(meta, key, meta_file, str, "a string")
     for key in ("config", "cost_model", "faults", "fault_schedule"):
         _optional_type(meta, key, meta_file, dict, "an object (or null)")

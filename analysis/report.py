@@ -28,7 +28,7 @@ from rlsched.cluster.record import RunRecord, read_run
 
 from . import plots
 from .breakdown import breakdown, bubbles, sandbox_windows
-from .comparable import resolve_trace, setup_warning
+from .comparable import run_trace, setup_warning
 from .critical import critical_path
 from .learning import learning_table
 from .load import load_run
@@ -191,7 +191,7 @@ def _img(png: bytes, alt: str) -> str:
 
 
 def _trace_path(run: RunInfo) -> Path | None:
-    return resolve_trace(run.path, run.meta.get("trace"))
+    return run_trace(run.path, run.meta)
 
 
 TRACE_STAT_COLUMNS = (

@@ -28,6 +28,9 @@ from rlsched.cluster.errors import TraceError
 #: ``meta.json`` keys: the replayed trace file's SHA-256 (64 lowercase hex digits) and size.
 TRACE_SHA256 = "trace_sha256"
 TRACE_BYTES = "trace_bytes"
+#: ``meta.json`` key: the absolute path the run's ``trace`` named when it ran (``trace`` is
+#: kept as given, often relative to the folder the run was started from).
+TRACE_RESOLVED = "trace_resolved"
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
