@@ -71,3 +71,15 @@ def test_without_a_recorded_digest_the_path_as_given_comes_first(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     assert run_trace(tmp_path / "run", meta) == b
     assert run_trace(tmp_path / "run", {"trace": str(a)}) == a
+
+
+def test_plan_report_runs_record_where_the_trace_was(tmp_path, monkeypatch):
+    write_rows(tmp_path / "traces" / "t.parquet", seed=0)
+    monkeypatch.chdir(tmp_path)
+    res = run_cli(["plan", "--trace", "traces/t.parquet", "--gpus", "4", "--tp", "1", "--model", "none",
+                   "--steps", "1", "--tasks-per-step", "4", "--trials", "2", "--workers", "1",
+                   "--resamples", "1", "--no-sensitivity", "--out", str(tmp_path / "plan")])
+    assert judge_cli(res, False) == "ok", res.err
+    metas = [json.loads(p.read_text()) for p in (tmp_path / "plan").glob("runs/*/meta.json")]
+    assert metas and all(m["trace"] == "traces/t.parquet" for m in metas)
+    assert all(m["trace_resolved"] == str((tmp_path / "traces" / "t.parquet").resolve()) for m in metas)
