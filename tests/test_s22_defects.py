@@ -1,0 +1,72 @@
+"""Session 22: user-facing defects found by feeding odd inputs to the CLI, each pinned here.
+
+1. ``rlsched calibrate --out cost.toml`` where a sidecar it writes (``cost.measurements.csv``,
+   ``cost.info.json``) is a folder: a traceback after ``cost.toml`` alone was written, and
+   a live calibration checked its ``--out`` only after minutes of measuring.
+
+Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
+by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from fuzz_kit import judge_cli, one_error, run_cli
+
+
+# ------------------------------------------------------------------ 1. calibrate's sidecars
+@pytest.fixture()
+def measurements(tmp_path: Path) -> Path:
+    """An earlier calibration's ``a.measurements.csv`` (with its ``a.info.json``)."""
+    from test_calibrate_fit import TINY, fake_rows, truth_model
+
+    from rlsched.calibration import fit_measurements
+    from rlsched.calibration_io import write_calibration
+
+    info = {"model_dir": "tiny", "on_gpus": False, "gpus": 2, "tp": 1, "seconds": 1.0,
+            "machine_peaks": {"peak_flops": TINY["peak_flops"], "hbm_bw": TINY["hbm_bw"]},
+            "base": dict(TINY)}
+    write_calibration(tmp_path / "cal" / "a.toml", fit_measurements(fake_rows(truth_model()), info))
+    return tmp_path / "cal" / "a.measurements.csv"
+
+
+@pytest.mark.parametrize("taken", ["b.measurements.csv", "b.info.json", "b.predictions.csv"])
+def test_calibrate_refuses_an_out_whose_sidecar_is_a_folder(measurements, tmp_path, taken):
+    out = tmp_path / "w"
+    (out / taken).mkdir(parents=True)
+    err = one_error(["calibrate", "--from-measurements", str(measurements), "--out", str(out / "b.toml")])
+    assert f"would write {taken}, which is a directory there" in err
+    assert sorted(p.name for p in out.iterdir()) == [taken]  # (b.toml was written before)
+
+
+def test_calibrate_checks_its_out_before_measuring(tmp_path, monkeypatch):
+    """Without --from-measurements the live backend measures for minutes: a bad --out is
+    refused before it starts (the backend is not imported at all here)."""
+    (tmp_path / "b.info.json").mkdir()
+    import rlsched.calibration as calibration
+
+    monkeypatch.setattr(calibration, "fit_measurements", lambda *a: pytest.fail("measured"))
+    err = one_error(["calibrate", "--out", str(tmp_path / "b.toml")])
+    assert "would write b.info.json, which is a directory there" in err
+
+
+def test_calibrate_write_failure_is_one_line_and_leaves_nothing(measurements, tmp_path, monkeypatch):
+    def full_disk(self, path, *args, **kwargs):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", full_disk)
+    out = tmp_path / "w"
+    out.mkdir()
+    err = one_error(["calibrate", "--from-measurements", str(measurements), "--out", str(out / "b.toml")])
+    assert "No space left on device" in err and "--out" in err
+    assert list(out.iterdir()) == []  # no cost.toml without its sidecars, no .part files
+
+
+def test_calibrate_refit_still_writes_all_four_files(measurements, tmp_path):
+    res = run_cli(["calibrate", "--from-measurements", str(measurements), "--out", str(tmp_path / "b.toml")])
+    assert judge_cli(res, False) == "ok", res.err
+    assert sorted(p.name for p in tmp_path.glob("b.*")) == [
+        "b.info.json", "b.measurements.csv", "b.predictions.csv", "b.toml"]
