@@ -3,6 +3,10 @@
 1. ``rlsched calibrate --out cost.toml`` where a sidecar it writes (``cost.measurements.csv``,
    ``cost.info.json``) is a folder: a traceback after ``cost.toml`` alone was written, and
    a live calibration checked its ``--out`` only after minutes of measuring.
+2. ``trace import -f messages logs/ -o logs/sub/b.jsonl``: a log the import found in the
+   folder given was read, then overwritten with the trace (exit code 0); the guard only
+   compared ``--out`` with the paths as typed. An ``--out`` that is a folder was found
+   only after every log had been read and counted.
 
 Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
 by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
@@ -70,3 +74,45 @@ def test_calibrate_refit_still_writes_all_four_files(measurements, tmp_path):
     assert judge_cli(res, False) == "ok", res.err
     assert sorted(p.name for p in tmp_path.glob("b.*")) == [
         "b.info.json", "b.measurements.csv", "b.predictions.csv", "b.toml"]
+
+
+# ------------------------------------------------------- 2. trace import over a log it reads
+MESSAGES = Path(__file__).parent / "fixtures" / "import" / "messages.jsonl"
+
+
+@pytest.fixture()
+def logs(tmp_path: Path) -> Path:
+    """A folder of two chat-transcript logs, one in a subfolder."""
+    (tmp_path / "logs" / "sub").mkdir(parents=True)
+    for name in ("a.jsonl", "sub/b.jsonl"):
+        (tmp_path / "logs" / name).write_bytes(MESSAGES.read_bytes())
+    return tmp_path / "logs"
+
+
+@pytest.mark.parametrize("name", ["a.jsonl", "sub/b.jsonl"])
+def test_import_refuses_an_out_that_is_a_log_in_a_folder_given(logs, name):
+    target = logs / name
+    err = one_error(["trace", "import", "-f", "messages", str(logs), "-o", str(target)])
+    assert err == (f"rlsched: error: --out {target}: is a log under {logs} being imported, which writing "
+                   "the trace would overwrite; give a file name outside that folder")
+    assert target.read_bytes() == MESSAGES.read_bytes()
+
+
+def test_import_into_the_folder_under_a_name_it_does_not_read_still_works(logs):
+    for out in (logs / "trace.parquet", logs / "new.jsonl"):
+        res = run_cli(["trace", "import", "-f", "messages", str(logs), "-o", str(out)])
+        assert judge_cli(res, False) == "ok", res.err
+        assert out.is_file()
+    # another format's logs are not read: its suffix decides
+    res = run_cli(["trace", "import", "-f", "swe-agent", str(logs), "-o", str(logs / "a.jsonl")])
+    assert "a directory with no .traj files" in res.err
+    assert (logs / "a.jsonl").read_bytes() == MESSAGES.read_bytes()
+
+
+def test_import_refuses_a_folder_as_out_before_reading(logs, tmp_path, monkeypatch):
+    (tmp_path / "x.parquet").mkdir()
+    import rlsched.cli.trace_import as cli_import
+
+    monkeypatch.setattr(cli_import, "import_traces", lambda *a, **k: pytest.fail("read the logs"))
+    err = one_error(["trace", "import", "-f", "messages", str(logs), "-o", str(tmp_path / "x.parquet")])
+    assert "cannot write the trace (Is a directory)" in err
