@@ -7,6 +7,10 @@
    folder given was read, then overwritten with the trace (exit code 0); the guard only
    compared ``--out`` with the paths as typed. An ``--out`` that is a folder was found
    only after every log had been read and counted.
+3. ``rlsched plan --no-sensitivity`` wrote ``sensitivity.csv`` and ``sensitivity_detail.csv``
+   as one blank line (no header: ``pd.read_csv`` fails with "No columns to parse from
+   file") and named the first among its outputs; when the first scenario was skipped the
+   columns came in another order and ``candidates`` became floats (``3.0``).
 
 Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
 by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
@@ -116,3 +120,38 @@ def test_import_refuses_a_folder_as_out_before_reading(logs, tmp_path, monkeypat
     monkeypatch.setattr(cli_import, "import_traces", lambda *a, **k: pytest.fail("read the logs"))
     err = one_error(["trace", "import", "-f", "messages", str(logs), "-o", str(tmp_path / "x.parquet")])
     assert "cannot write the trace (Is a directory)" in err
+
+
+# -------------------------------------------------- 3. plan's sensitivity tables, always CSV
+def _plan_trace(tmp_path: Path) -> Path:
+    from rlsched.traces import generate_trace, write_trace
+
+    return write_trace(generate_trace("uniform", seed=0, tasks=8, samples=2), tmp_path / "u.parquet")
+
+
+def test_plan_without_sensitivity_writes_readable_empty_tables(tmp_path):
+    from rlsched.plan.checks import SENSITIVITY_COLUMNS, SENSITIVITY_DETAIL_COLUMNS
+
+    out = tmp_path / "plan"
+    res = run_cli(["plan", "--trace", str(_plan_trace(tmp_path)), "--gpus", "16", "--tp", "4", "--steps", "2",
+                   "--trials", "2", "--workers", "1", "--resamples", "1", "--top", "1",
+                   "--no-sensitivity", "--no-report", "--out", str(out)], limit_s=300)
+    assert judge_cli(res, False) == "ok", res.err
+    for name, columns in (("sensitivity.csv", SENSITIVITY_COLUMNS),
+                          ("sensitivity_detail.csv", SENSITIVITY_DETAIL_COLUMNS)):
+        table = pd.read_csv(out / name)
+        assert list(table.columns) == list(columns) and table.empty
+
+
+def test_sensitivity_columns_do_not_depend_on_a_skipped_first_scenario(tmp_path):
+    """12 GPUs of tp 4: the half-size cluster (6) is skipped, and its row comes first."""
+    from rlsched.plan.checks import SENSITIVITY_COLUMNS
+
+    out = tmp_path / "plan"
+    res = run_cli(["plan", "--trace", str(_plan_trace(tmp_path)), "--gpus", "12", "--tp", "4", "--steps", "2",
+                   "--trials", "2", "--workers", "1", "--resamples", "1", "--top", "1",
+                   "--no-report", "--out", str(out)], limit_s=300)
+    assert judge_cli(res, False) == "ok", res.err
+    lines = (out / "sensitivity.csv").read_text().splitlines()
+    assert lines[0] == ",".join(SENSITIVITY_COLUMNS)
+    assert "skipped" in lines[1] and lines[2].endswith(",3,none")  # (not 3.0)
