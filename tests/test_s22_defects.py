@@ -11,6 +11,9 @@
    as one blank line (no header: ``pd.read_csv`` fails with "No columns to parse from
    file") and named the first among its outputs; when the first scenario was skipped the
    columns came in another order and ``candidates`` became floats (``3.0``).
+4. ``compare --policies colocated --policies async`` ran async alone, and ``plan`` searched
+   only the last ``--policies``: the first was dropped without a word (``--policy``
+   repeats; ``run`` refuses a second ``--policy`` since session 19).
 
 Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
 by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
@@ -155,3 +158,50 @@ def test_sensitivity_columns_do_not_depend_on_a_skipped_first_scenario(tmp_path)
     lines = (out / "sensitivity.csv").read_text().splitlines()
     assert lines[0] == ",".join(SENSITIVITY_COLUMNS)
     assert "skipped" in lines[1] and lines[2].endswith(",3,none")  # (not 3.0)
+
+
+# ------------------------------------------------------------- 4. --policies given twice
+def _small_trace(tmp_path: Path) -> Path:
+    rows = [(f"t{t}", f"t{t}-{k}", turn, 30 + t, 10 + 3 * k, 0.5)
+            for t in range(4) for k in range(2) for turn in range(2)]
+    path = tmp_path / "t.parquet"
+    pd.DataFrame(rows, columns=["task_id", "trajectory_id", "turn", "prompt_tokens", "output_tokens",
+                                "env_seconds"]).to_parquet(path)
+    return path
+
+
+SMALL = ("--tasks-per-step", "2", "--gpus", "4", "--tp", "1", "--model", "none", "--steps", "1")
+
+
+def test_compare_runs_every_policies_list_given(tmp_path):
+    out = tmp_path / "out"
+    res = run_cli(["compare", "--trace", str(_small_trace(tmp_path)), *SMALL, "--no-report",
+                   "--policies", "colocated", "--policies", "async,elastic", "--out", str(out)])
+    assert judge_cli(res, False) == "ok", res.err
+    assert pd.read_csv(out / "summary.csv")["policy"].tolist() == ["colocated", "async", "elastic"]
+
+
+def test_compare_refuses_a_name_repeated_across_policies_lists(tmp_path):
+    err = one_error(["compare", "--trace", str(_small_trace(tmp_path)), *SMALL, "--no-report",
+                     "--policies", "colocated", "--policies", "colocated", "--out", str(tmp_path / "o")])
+    assert "policy 'colocated' is given twice" in err
+    err = one_error(["compare", "--trace", str(_small_trace(tmp_path)), *SMALL, "--no-report",
+                     "--policies", "colocated", "--policies", "", "--out", str(tmp_path / "o")])
+    assert err == "rlsched: error: --policies '': empty name in the list"
+
+
+def test_plan_searches_every_policies_list_given(tmp_path):
+    import json
+
+    out = tmp_path / "plan"
+    res = run_cli(["plan", "--trace", str(_plan_trace(tmp_path)), "--gpus", "16", "--tp", "4", "--steps", "1",
+                   "--trials", "2", "--workers", "1", "--resamples", "1", "--top", "1", "--no-sensitivity",
+                   "--no-report", "--policies", "colocated", "--policies", "elastic", "--out", str(out)],
+                  limit_s=300)
+    assert judge_cli(res, False) == "ok", res.err
+    arms = json.loads((out / "plan.json").read_text())["arms"]
+    assert "colocated" in arms and any(a.startswith("elastic") for a in arms)
+    err = one_error(["plan", "--trace", str(_plan_trace(tmp_path)), "--policies", "colocated",
+                     "--policies", "async:staleness=1", "--out", str(tmp_path / "p2")])
+    assert err == ("rlsched: error: --policies 'async:staleness=1': expected plain policy names, "
+                   "e.g. async,elastic")
