@@ -14,6 +14,9 @@
 4. ``compare --policies colocated --policies async`` ran async alone, and ``plan`` searched
    only the last ``--policies``: the first was dropped without a word (``--policy``
    repeats; ``run`` refuses a second ``--policy`` since session 19).
+5. ``trace gen --seed -1`` was refused as ``generate_trace: seed=-1`` (``fit_trace: ...``
+   with ``--like``) and ``--tokens-scale 1e300`` as ``GenParams.tokens_scale=...``: names
+   ``--help`` never shows (session 21 mended the flags checked before generating only).
 
 Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
 by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
@@ -205,3 +208,18 @@ def test_plan_searches_every_policies_list_given(tmp_path):
                      "--policies", "async:staleness=1", "--out", str(tmp_path / "p2")])
     assert err == ("rlsched: error: --policies 'async:staleness=1': expected plain policy names, "
                    "e.g. async,elastic")
+
+
+# ------------------------------------------------------------ 5. trace gen names the flag
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--seed", "-1"], "--seed=-1: expected a whole number >= 0"),
+    (["--seed", "-2", "--like", "LIKE"], "--seed=-2: expected a whole number >= 0"),
+    (["--tokens-scale", "1e300"], "--tokens-scale=1e+300: token counts would reach 8.21e+303: "
+                                  "expected a scale that keeps them below 2**62"),
+], ids=["seed", "seed-like", "tokens-scale-overflow"])
+def test_trace_gen_names_the_flag_of_a_late_refusal(tmp_path, args, expected):
+    like = _small_trace(tmp_path)
+    out = tmp_path / "g.jsonl"
+    args = [str(like) if a == "LIKE" else a for a in args]
+    assert one_error(["trace", "gen", "--out", str(out), *args]) == f"rlsched: error: {expected}"
+    assert not out.exists()
