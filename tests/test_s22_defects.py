@@ -17,6 +17,8 @@
 5. ``trace gen --seed -1`` was refused as ``generate_trace: seed=-1`` (``fit_trace: ...``
    with ``--like``) and ``--tokens-scale 1e300`` as ``GenParams.tokens_scale=...``: names
    ``--help`` never shows (session 21 mended the flags checked before generating only).
+6. ``cost show --seq -1`` was refused as ``cost model: train_seq_tokens=-1.0: must be > 0``:
+   a field the command's help never names, and "> 0" though ``--seq 0`` is accepted.
 
 Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
 by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
@@ -223,3 +225,28 @@ def test_trace_gen_names_the_flag_of_a_late_refusal(tmp_path, args, expected):
     args = [str(like) if a == "LIKE" else a for a in args]
     assert one_error(["trace", "gen", "--out", str(out), *args]) == f"rlsched: error: {expected}"
     assert not out.exists()
+
+
+# -------------------------------------------------------------- 6. cost show --seq names it
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "0.5", "1e300"])
+def test_cost_show_seq_refusal_names_the_flag(value):
+    err = one_error(["cost", "show", "--seq", value])
+    assert err == (f"rlsched: error: --seq={float(value)!r}: expected 0 (trainer memory not modelled) "
+                   "or a sequence length in tokens from 1 to 1e+09")
+
+
+def test_cost_show_seq_bounds_are_the_cost_models():
+    """The flag's bounds are the cost model's own: both ends still reach it."""
+    from dataclasses import replace
+
+    from rlsched.cli.cost import MAX_SEQ_TOKENS
+    from rlsched.cluster.errors import ConfigError
+    from rlsched.sim.cost import CostModel
+
+    for ok in (0.0, 1.0, MAX_SEQ_TOKENS):
+        replace(CostModel(), train_seq_tokens=ok)
+    for bad in (0.5, MAX_SEQ_TOKENS * 1.001):
+        with pytest.raises(ConfigError):
+            replace(CostModel(), train_seq_tokens=bad)
+    res = run_cli(["cost", "show", "--model", "none", "--seq", "1"])
+    assert judge_cli(res, False) == "ok", res.err
