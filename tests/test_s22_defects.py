@@ -19,6 +19,9 @@
    ``--help`` never shows (session 21 mended the flags checked before generating only).
 6. ``cost show --seq -1`` was refused as ``cost model: train_seq_tokens=-1.0: must be > 0``:
    a field the command's help never names, and "> 0" though ``--seq 0`` is accepted.
+7. ``rlsched fidelity RUN --repeat RUN`` (the live run itself) printed "live spread median
+   0.0%", and ``--repeat`` a simulated run gave the spread between a simulation and the
+   live run; both written as the run-to-run spread, exit code 0.
 
 Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
 by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
@@ -250,3 +253,43 @@ def test_cost_show_seq_bounds_are_the_cost_models():
             replace(CostModel(), train_seq_tokens=bad)
     res = run_cli(["cost", "show", "--model", "none", "--seq", "1"])
     assert judge_cli(res, False) == "ok", res.err
+
+
+# ----------------------------------------------------- 7. fidelity --repeat: another live run
+@pytest.fixture()
+def live_run(tmp_path: Path) -> Path:
+    """A simulated run dressed as a live one (``test_fidelity.fake_live_run``)."""
+    from test_fidelity import fake_live_run
+
+    return fake_live_run(tmp_path / "live")
+
+
+@pytest.mark.parametrize("spelling", ["same", "trailing-slash"])
+def test_fidelity_refuses_the_live_run_as_its_own_repeat(live_run, tmp_path, spelling):
+    repeat = str(live_run) + ("/" if spelling == "trailing-slash" else "")
+    err = one_error(["fidelity", str(live_run), "--repeat", repeat, "--out", str(tmp_path / "f")])
+    assert err.endswith(": is the live run itself; expected a second live run of the same config "
+                        "(its run-to-run spread)")
+    assert not (tmp_path / "f").exists()
+
+
+def test_fidelity_refuses_a_simulated_run_as_repeat(live_run, tmp_path):
+    import json
+    import shutil
+
+    sim = tmp_path / "sim"
+    shutil.copytree(live_run, sim)
+    meta = json.loads((sim / "meta.json").read_text())
+    (sim / "meta.json").write_text(json.dumps({**meta, "driver": "sim"}))
+    err = one_error(["fidelity", str(live_run), "--repeat", str(sim), "--out", str(tmp_path / "f")])
+    assert err == (f"rlsched: error: --repeat {sim}: meta.driver is 'sim'; expected a second live run of "
+                   "the same config (rlsched run --live)")
+
+
+def test_fidelity_still_takes_a_second_live_run(live_run, tmp_path):
+    import shutil
+
+    shutil.copytree(live_run, tmp_path / "again")
+    res = run_cli(["fidelity", str(live_run), "--repeat", str(tmp_path / "again"), "--out", str(tmp_path / "f")])
+    assert judge_cli(res, False) == "ok", res.err
+    assert "spread_pct" in pd.read_csv(tmp_path / "f" / "fidelity.csv")
