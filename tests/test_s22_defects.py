@@ -22,6 +22,9 @@
 7. ``rlsched fidelity RUN --repeat RUN`` (the live run itself) printed "live spread median
    0.0%", and ``--repeat`` a simulated run gave the spread between a simulation and the
    live run; both written as the run-to-run spread, exit code 0.
+8. A ``[[faults.fault]]`` tool fault naming a trajectory the run never replays (a typo, or
+   an id of a step it does not reach) armed a hang that could never fire; the run
+   succeeded and summary.csv counted it among its faults (``faults = 1``).
 
 Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
 by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
@@ -293,3 +296,32 @@ def test_fidelity_still_takes_a_second_live_run(live_run, tmp_path):
     res = run_cli(["fidelity", str(live_run), "--repeat", str(tmp_path / "again"), "--out", str(tmp_path / "f")])
     assert judge_cli(res, False) == "ok", res.err
     assert "spread_pct" in pd.read_csv(tmp_path / "f" / "fidelity.csv")
+
+
+# ------------------------------------------------- 8. a tool fault for no trajectory of the run
+def _fault_config(tmp_path: Path, trajectory: str) -> Path:
+    config = tmp_path / "faults.toml"
+    config.write_text(f'[[faults.fault]]\nkind = "tool"\nat = 0.0\ntrajectory = "{trajectory}"\n')
+    return config
+
+
+@pytest.mark.parametrize("target", ["nosuch", "t3-0"], ids=["typo", "a-step-not-replayed"])
+def test_tool_fault_for_a_trajectory_the_run_never_replays_is_refused(tmp_path, target):
+    """``t3-0`` is in the trace, but one step of two tasks replays t0 and t1 only."""
+    out = tmp_path / "out"
+    err = one_error(["compare", "--trace", str(_small_trace(tmp_path)), *SMALL, "--no-report",
+                     "--policies", "colocated,async", "--config", str(_fault_config(tmp_path, target)),
+                     "--out", str(out)])
+    assert err == (f"rlsched: error: faults: fault 'tool' at=0: trajectory={target!r}: not a trajectory "
+                   "this run replays (4 of them, e.g. 't0-0'); expected the id of one it replays")
+    assert not out.exists()
+
+
+def test_tool_fault_for_a_replayed_trajectory_still_fires(tmp_path):
+    out = tmp_path / "out"
+    res = run_cli(["compare", "--trace", str(_small_trace(tmp_path)), *SMALL, "--no-report",
+                   "--policies", "colocated", "--config", str(_fault_config(tmp_path, "t1-1")),
+                   "--out", str(out)])
+    assert judge_cli(res, False) == "ok", res.err
+    row = pd.read_csv(out / "summary.csv").iloc[0]
+    assert row["faults"] == 1 and row["fault_tool_seconds_lost"] > 0
