@@ -25,6 +25,9 @@
 8. A ``[[faults.fault]]`` tool fault naming a trajectory the run never replays (a typo, or
    an id of a step it does not reach) armed a hang that could never fire; the run
    succeeded and summary.csv counted it among its faults (``faults = 1``).
+9. ``--cost recommended.toml`` (a run config given as the cost file: both are TOML with a
+   ``[cost]`` table) read its ``[cost]`` alone; the run went ahead on the default cluster,
+   steps and trace, the config's [cluster], [run], trace and [[policy]] silently ignored.
 
 Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
 by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
@@ -325,3 +328,27 @@ def test_tool_fault_for_a_replayed_trajectory_still_fires(tmp_path):
     assert judge_cli(res, False) == "ok", res.err
     row = pd.read_csv(out / "summary.csv").iloc[0]
     assert row["faults"] == 1 and row["fault_tool_seconds_lost"] > 0
+
+
+# -------------------------------------------------------- 9. a run config given as --cost
+def test_a_run_config_given_as_cost_is_refused(tmp_path):
+    config = tmp_path / "recommended.toml"
+    config.write_text('trace = "t.parquet"\n\n[cluster]\ngpus = 4\ntp = 1\n\n[cost]\nsync_bw = 2.5e10\n'
+                      '\n[[policy]]\nspec = "colocated"\n')
+    out = tmp_path / "out"
+    err = one_error(["compare", "--trace", str(_small_trace(tmp_path)), "--cost", str(config),
+                     "--policies", "colocated", "--no-report", "--out", str(out)])
+    assert err == (f"rlsched: error: {config}: holds cluster, policy, trace beside [cost]: a run config? "
+                   "give it as --config (a cost-model file holds [cost] and [calibration] only)")
+    assert not out.exists()
+
+
+def test_a_calibrated_cost_file_and_a_bare_table_still_load(measurements, tmp_path):
+    from rlsched.sim.cost import CostModel
+
+    cal = measurements.with_name("a.toml")
+    assert "[calibration]" in cal.read_text()
+    CostModel.from_file(cal)
+    bare = tmp_path / "bare.json"
+    bare.write_text('{"sync_bw": 2.5e10}')
+    assert CostModel.from_file(bare).sync_bw == 2.5e10
