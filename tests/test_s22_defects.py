@@ -28,6 +28,9 @@
 9. ``--cost recommended.toml`` (a run config given as the cost file: both are TOML with a
    ``[cost]`` table) read its ``[cost]`` alone; the run went ahead on the default cluster,
    steps and trace, the config's [cluster], [run], trace and [[policy]] silently ignored.
+10. ``--model none --gpu h200`` was refused as "--model/--gpu (or <defaults> [cost]
+    model/gpu) 'none' is the flat historic cost model ...": it named no file (there was no
+    config) and not which of the two was 'none'.
 
 Commands go through ``rlsched.cli.main`` in-process (``fuzz_kit.run_cli``) and are judged
 by ``test_fuzz_cli.py``'s rules: a failure is exit code 2 and one ``rlsched: error:`` line.
@@ -352,3 +355,21 @@ def test_a_calibrated_cost_file_and_a_bare_table_still_load(measurements, tmp_pa
     bare = tmp_path / "bare.json"
     bare.write_text('{"sync_bw": 2.5e10}')
     assert CostModel.from_file(bare).sync_bw == 2.5e10
+
+
+# ---------------------------------------------- 10. --model none with a GPU: which one, where
+@pytest.mark.parametrize(("args", "config", "expected"), [
+    (["--model", "none", "--gpu", "h200"], None,
+     "--model 'none' is the flat historic cost model, which takes no preset; drop 'h200' (--gpu) "
+     "or name both a model and a GPU"),
+    (["--gpu", "h100"], '[cost]\nmodel = "none"\n',
+     "CONFIG [cost] model 'none' is the flat historic cost model, which takes no preset; drop "
+     "'h100' (--gpu) or name both a model and a GPU"),
+], ids=["flags", "config-and-flag"])
+def test_flat_model_with_a_gpu_names_where_each_came_from(tmp_path, args, config, expected):
+    extra: list[str] = []
+    if config is not None:
+        (tmp_path / "c.toml").write_text(config)
+        extra = ["--config", str(tmp_path / "c.toml")]
+        expected = expected.replace("CONFIG", str(tmp_path / "c.toml"))
+    assert one_error(["cost", "show", *args, *extra]) == f"rlsched: error: {expected}"
