@@ -105,11 +105,25 @@ def event_order(rec: RunRecord) -> list[str]:
     return out
 
 
-def compare_runs(live: RunRecord, sim: RunRecord, repeat: RunRecord | None = None) -> FidelityResult:
-    """Per step, per GPU state and in event order: the live run against its replay."""
-    if repeat is not None and repeat.meta.get("policy") != live.meta.get("policy"):
+def check_repeat(live: RunRecord, repeat: RunRecord) -> None:
+    """``--repeat`` must be another live run of the same policy: the live run itself gave a
+    "live spread" of 0.0%, and a simulated run one between a simulation and the live run,
+    both printed and written as the run-to-run spread, exit code 0."""
+    if repeat.path.resolve() == live.path.resolve():
+        raise RecordError(f"--repeat {repeat.path}: is the live run itself; expected a second live "
+                          "run of the same config (its run-to-run spread)")
+    if repeat.meta.get("driver") != "live":
+        raise RecordError(f"--repeat {repeat.path}: meta.driver is {repeat.meta.get('driver')!r}; expected "
+                          "a second live run of the same config (rlsched run --live)")
+    if repeat.meta.get("policy") != live.meta.get("policy"):
         raise RecordError(f"--repeat {repeat.path}: policy {repeat.meta.get('policy')!r} differs from "
                           f"the live run's {live.meta.get('policy')!r}")
+
+
+def compare_runs(live: RunRecord, sim: RunRecord, repeat: RunRecord | None = None) -> FidelityResult:
+    """Per step, per GPU state and in event order: the live run against its replay."""
+    if repeat is not None:
+        check_repeat(live, repeat)
     steps = step_table(live, sim, repeat)
     states = state_table(live, sim)
     lo, so = event_order(live), event_order(sim)

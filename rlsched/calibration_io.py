@@ -10,8 +10,11 @@ Next to it, ``<stem>.measurements.csv`` (every raw measurement) and
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -32,13 +35,41 @@ def sidecar(path: Path, kind: str) -> Path:
     return path.with_name(f"{path.stem}.{kind}.csv")
 
 
-def write_calibration(path: Path, result: Any) -> Path:
-    """Write ``path`` (TOML) and its two CSV sidecars; return ``path``."""
+#: The files one calibration writes beside ``cost.toml`` (``cost.info.json`` is re-fitted from).
+SIDECARS = ("measurements", "predictions")
+
+
+def calibration_files(path: Path) -> tuple[Path, ...]:
+    """Every file ``write_calibration(path, ...)`` writes: the TOML, its two CSVs, its info."""
+    return (path, *(sidecar(path, k) for k in SIDECARS), path.with_name(f"{path.stem}.info.json"))
+
+
+def check_calibration_out(path: Path) -> None:
+    """Refuse an ``--out`` that cannot take the calibration, before anything is measured:
+    a live calibration takes minutes, and a sidecar that could not be written (a folder of
+    that name) used to end it in a traceback after ``cost.toml`` alone was written."""
     path = Path(path)
     if path.suffix != ".toml":
         raise ConfigError(f"--out {path}: expected a .toml file name (the cost-model file)")
-    if path.exists() and path.is_dir():
-        raise ConfigError(f"--out {path}: is a directory; give a file name such as cost.toml")
+    for target in calibration_files(path):
+        if target.is_dir():
+            what = "is a directory" if target == path else f"would write {target.name}, which is a directory there"
+            raise ConfigError(f"--out {path}: {what}; give a file name such as cost.toml")
+    for above in (path.parent, *path.parent.parents):
+        if above.exists():
+            if not above.is_dir():
+                raise ConfigError(f"--out {path}: {above} is a file, not a directory")
+            break
+
+
+def write_calibration(path: Path, result: Any) -> Path:
+    """Write ``path`` (TOML) and its sidecars (two CSVs, the info JSON); return ``path``.
+
+    Each file is written beside its target and renamed into place only when all four
+    were written, so a failed write (a full disk, a read-only folder) leaves no mix of new
+    and old files and ends in one line."""
+    path = Path(path)
+    check_calibration_out(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -67,11 +98,27 @@ def write_calibration(path: Path, result: Any) -> Path:
     ]
     for q in cal.quality:
         lines += ["", *_table(f"calibration.fit.{q.component}", quality_row(q))]
-    path.write_text("\n".join(lines) + "\n")
-    result.measurements.to_csv(sidecar(path, "measurements"), index=False)
     info = {k: v for k, v in result.info.items() if k not in ("tools_median_seconds", "measurements")}
-    path.with_name(f"{path.stem}.info.json").write_text(json.dumps(info, indent=2) + "\n")
-    cal.predictions.to_csv(sidecar(path, "predictions"), index=False)
+    toml_path, measurements, predictions, info_path = calibration_files(path)
+    writers: list[tuple[Path, Callable[[Path], object]]] = [
+        (toml_path, lambda p: p.write_text("\n".join(lines) + "\n")),
+        (measurements, lambda p: result.measurements.to_csv(p, index=False)),
+        (info_path, lambda p: p.write_text(json.dumps(info, indent=2) + "\n")),
+        (predictions, lambda p: cal.predictions.to_csv(p, index=False)),
+    ]
+    parts = [(target, target.with_name(f".{target.name}.part")) for target, _ in writers]
+    try:
+        for (_, part), (_, write) in zip(parts, writers, strict=True):
+            write(part)
+        for target, part in parts:
+            os.replace(part, target)
+    except OSError as exc:
+        raise ConfigError(f"--out {path}: cannot write {Path(exc.filename or path).name} "
+                          f"({exc.strerror or exc.__class__.__name__})") from None
+    finally:
+        for _, part in parts:
+            with contextlib.suppress(OSError):
+                part.unlink(missing_ok=True)
     return path
 
 

@@ -407,14 +407,17 @@ def _ordered(summary: pd.DataFrame) -> pd.DataFrame:
     return summary[cols + [c for c in summary.columns if c not in cols]]
 
 
-def resolve_specs(policy: Sequence[str], policies: str | None, from_config: Sequence[str]) -> tuple[str, ...]:
-    """``--policy`` (repeatable specs) + ``--policies a,b`` (plain names) + config entries."""
+def resolve_specs(policy: Sequence[str], policies: str | Sequence[str] | None,
+                  from_config: Sequence[str]) -> tuple[str, ...]:
+    """``--policy`` (repeatable specs) + ``--policies a,b`` (plain names; repeatable too, as
+    ``--policy`` is: a second ``--policies`` silently replaced the first) + config entries."""
     specs = list(policy)
-    if policies is not None:  # (an empty --policies is a mistake, not "the defaults")
-        for name in policies.split(","):
+    lists = [policies] if isinstance(policies, str) else list(policies or ())
+    for given in lists:  # (an empty --policies is a mistake, not "the defaults")
+        for name in given.split(","):
             name = name.strip()
             if not name:
-                raise ConfigError(f"--policies {policies!r}: empty name in the list")
+                raise ConfigError(f"--policies {given!r}: empty name in the list")
             if ":" in name or "=" in name:
                 raise ConfigError(
                     f"--policies takes plain names; use --policy '{name}' for a spec with parameters"

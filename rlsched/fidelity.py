@@ -17,6 +17,7 @@ from typing import Any
 
 from rlsched.analysis.fidelity import (
     FidelityResult,
+    check_repeat,
     compare_runs,
     live_record,
     repeat_record,
@@ -84,6 +85,8 @@ def fidelity(live_dir: Path, cost: Any, out_dir: Path, *, force: bool = False,
     ``out_dir`` only when everything succeeded."""
     live = live_record(Path(live_dir))
     rep = repeat_record(repeat) if repeat is not None else None
+    if rep is not None:
+        check_repeat(live, rep)  # (before the replay, not after it)
     out = Path(out_dir)
     tmp = prepare_out_dir(out, force, inputs=(live_dir, *((repeat,) if repeat is not None else ()), *inputs))
     try:

@@ -306,10 +306,27 @@ class CostModel:
         except ValueError as exc:  # an integer past Python's 4300-digit conversion limit
             raise ConfigError(f"{p}: not a usable cost model: {str(exc).splitlines()[0]}") from None
         if isinstance(data, dict) and isinstance(data.get("cost"), dict):
+            _refuse_config_tables(data, p)
             data = data["cost"]
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: expected a table of cost-model fields")
         return (base or cls()).with_overrides(data, source=str(p))
+
+
+#: Top-level tables a cost-model file may hold beside ``[cost]`` (``rlsched calibrate``
+#: writes ``[calibration]``: host facts and fit quality, which the loader ignores).
+COST_FILE_TABLES = frozenset({"cost", "calibration"})
+
+
+def _refuse_config_tables(data: dict[str, Any], path: Path) -> None:
+    """A run config given as ``--cost`` (``recommended.toml``: [cluster], [run], trace,
+    [[policy]] and a [cost] table) was read for its [cost] alone: the run went ahead on the
+    default cluster and trace, everything else in the file silently ignored."""
+    extra = sorted(k for k in data if k not in COST_FILE_TABLES)
+    if extra:
+        shown_keys = ", ".join(extra[:4]) + (", ..." if len(extra) > 4 else "")
+        raise ConfigError(f"{path}: holds {shown_keys} beside [cost]: a run config? give it as "
+                          "--config (a cost-model file holds [cost] and [calibration] only)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -197,16 +197,22 @@ def resolve_cost(model: str | None, gpu: str | None, cost_file: Any = None,
     for flag, name in (("--model", model), ("--gpu", gpu)):
         if name is not None and not name.strip():  # ("" fell through to the default preset)
             raise ConfigError(f"{flag} {name!r}: expected a preset name (rlsched cost list)")
+    # where each name came from, for a message (the flag, else the config's [cost] key)
+    origin = {key: flag if given is not None else f"{source} {key}"
+              for key, flag, given in (("model", "--model", model), ("gpu", "--gpu", gpu))}
     model = model or rest.pop("model", None)
     gpu = gpu or rest.pop("gpu", None)
     rest.pop("model", None)
     rest.pop("gpu", None)
-    flat = [n for n in (model, gpu) if n is not None and n.strip().lower() == FLAT]
+    named = [(origin[k], n) for k, n in (("model", model), ("gpu", gpu)) if n is not None]
+    flat = [(o, n) for o, n in named if n.strip().lower() == FLAT]
     if flat:
-        other = [n for n in (model, gpu) if n is not None and n.strip().lower() != FLAT]
+        other = [(o, n) for o, n in named if n.strip().lower() != FLAT]
         if other:
-            raise ConfigError(f"--model/--gpu (or {source} model/gpu) {FLAT!r} is the flat historic cost model, which "
-                              f"takes no preset; drop {other[0]!r} or name both a model and a GPU")
+            # (said "--model/--gpu (or <defaults> [cost] model/gpu) 'none' ...": neither
+            # which of them was 'none' nor, with no --config, any file)
+            raise ConfigError(f"{flat[0][0]} {flat[0][1]!r} is the flat historic cost model, which takes "
+                              f"no preset; drop {other[0][1]!r} ({other[0][0]}) or name both a model and a GPU")
         base = CostModel()
     elif model is None and gpu is None:
         base = default_cost()

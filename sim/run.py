@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from rlsched.cluster.config import RunConfig
+from rlsched.cluster.errors import ConfigError, shown
 from rlsched.cluster.faults import FaultSchedule
 from rlsched.cluster.ids import TrajStatus
 from rlsched.cluster.loop import RunMeta
@@ -25,6 +26,25 @@ from .driver import Progress, SimDriver, SimResult
 from .invariants import check_result
 from .processing import group_flops, processor_charge
 from .workload import Batches, Workload
+
+
+def check_tool_targets(schedule: FaultSchedule, batches: Batches) -> None:
+    """A tool fault's ``trajectory`` must be one this run replays (its id in the run: the
+    trace's id, ``<id>#2`` for a later draw). A typo or an id of the trace's steps the run
+    never reaches armed a hang that could never fire, yet summary.csv and the report
+    counted it among the run's faults (only meta.json's ``armed_never_hit`` said)."""
+    targets = [f for f in schedule.faults if f.kind == "tool" and f.trajectory is not None]
+    if not targets:
+        return
+    ids = [rid for batch in batches for rid, _ in batch]
+    known = set(ids)
+    for f in targets:
+        if f.trajectory not in known:
+            at = f"at={f.at:g}" if f.at is not None else f"per_hour={f.per_hour:g}"
+            example = f", e.g. {ids[0]!r}" if ids else ""
+            raise ConfigError(f"faults: fault 'tool' {at}: trajectory={shown(f.trajectory)}: not a "
+                              f"trajectory this run replays ({len(known):,} of them{example}); "
+                              "expected the id of one it replays")
 
 
 @dataclass(frozen=True)
@@ -62,6 +82,7 @@ def simulate(
         raise TypeError(f"simulate(faults=...): expected a FaultSchedule, got {type(schedule).__name__}")
     if schedule:
         schedule.check_gpus(config.gpus)
+        check_tool_targets(schedule, batches)
     recorder = RunRecorder(out_dir) if out_dir is not None else None
     charge = processor_charge(workload, cost) if config.processor else None
     driver = SimDriver(

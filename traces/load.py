@@ -225,10 +225,14 @@ def _row_group_bounds(df: pd.DataFrame) -> list[tuple[int, int]]:
 
 def check_trace_out(path: Path, flag: str = "--out") -> None:
     """A trace file name the command line writes: Parquet or JSON Lines by its suffix
-    (``trace gen --out g.csv`` wrote Parquet under a ``.csv`` name)."""
+    (``trace gen --out g.csv`` wrote Parquet under a ``.csv`` name), and not a folder (an
+    import of thousands of logs was read and counted before that was found)."""
     if path.suffix.lower() not in PARQUET_SUFFIXES + JSONL_SUFFIXES:
         raise TraceError(f"{flag} {path}: expected a trace file name ending in "
                          f"{', '.join(PARQUET_SUFFIXES + JSONL_SUFFIXES)}")
+    if path.is_dir():  # (said by write_trace too, but only after the whole import or generation)
+        raise TraceError(f"{path}: cannot write the trace (Is a directory) — expected a file path "
+                         "that can be written")
 
 
 def write_trace(df: pd.DataFrame, path: str | Path) -> Path:

@@ -30,10 +30,10 @@ def calibrate_cmd(
 ) -> None:
     """Measure the live backend (engines, trainer, weight sync, role switches, tools) and
     fit the simulator's cost model to it."""
+    from rlsched.calibration_io import check_calibration_out
     from rlsched.config import ConfigFile, load_config
 
-    if out.suffix != ".toml":
-        raise ConfigError(f"--out {out}: expected a .toml file name (the cost-model file)")
+    check_calibration_out(out)  # (before minutes of measuring: a bad --out lost them all)
     if from_measurements is not None:
         from rlsched.calibration import refit
         from rlsched.calibration_io import write_calibration

@@ -13,6 +13,9 @@ from rlsched.cli.run import ConfigOpt, CostOpt, GpuOpt, ModelOpt
 from rlsched.cluster.config import MAX_SLOTS
 from rlsched.cluster.errors import ConfigError
 
+#: The cost model's bound on ``train_seq_tokens`` (``sim/cost.py``'s ``_RANGES``).
+MAX_SEQ_TOKENS = 1e9
+
 cost_app = typer.Typer(help="Inspect the cost model: presets and derived figures.", no_args_is_help=True)
 
 
@@ -58,6 +61,11 @@ def show_cmd(
 
     if not (math.isfinite(context) and context >= 0):
         raise ConfigError(f"--context={context!r}: expected a finite number of tokens >= 0")
+    if seq is not None and not (seq == 0 or (math.isfinite(seq) and 1 <= seq <= MAX_SEQ_TOKENS)):
+        # (was "cost model: train_seq_tokens=-1.0: must be > 0": a field --help never
+        # names, and "> 0" hid that 0 is accepted)
+        raise ConfigError(f"--seq={seq!r}: expected 0 (trainer memory not modelled) or a "
+                          f"sequence length in tokens from 1 to {MAX_SEQ_TOKENS:.0e}")
     # (the figures are per engine: a --tp the default cluster's 64 GPUs do not divide was
     # refused as "gpus=64 is not a multiple of tp=3", a flag this command does not have)
     gpus = 2 * tp if tp is not None and tp >= 1 and 64 % tp else None

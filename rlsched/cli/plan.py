@@ -54,7 +54,7 @@ def plan_cmd(
     max_staleness: Annotated[int, typer.Option("--max-staleness", help="Largest staleness a configuration may have (0: on-policy only).")] = 1,
     budget_minutes: Annotated[float, typer.Option("--budget-minutes", help="Wall-clock budget for the whole plan.")] = 2.0,
     trials: Annotated[int | None, typer.Option("--trials", help="Stop the search after this many trials (the budget still applies).")] = None,
-    policies: Annotated[str | None, typer.Option("--policies", help="Comma-separated policy names to search (default: all registered).")] = None,
+    policies: Annotated[list[str] | None, typer.Option("--policies", help="Comma-separated policy names to search (default: all registered); repeatable.")] = None,
     workers: Annotated[int, typer.Option("--workers", help="Simulator processes on this machine.")] = 2,
     ray: Annotated[str | None, typer.Option("--ray", help="Evaluate on an existing Ray cluster: 'auto' or its address ('local' starts a private one).")] = None,
     resamples: Annotated[int, typer.Option("--resamples", help="Bootstrap resamples of the trace for the robustness check.")] = 5,
@@ -74,11 +74,7 @@ def plan_cmd(
         samples_per_task=samples_per_task, seed=seed,
     )
     warn_unused_policies(cfg.policies, cfg.source)
-    names = None
-    if policies is not None:
-        names = tuple(n.strip() for n in policies.split(",") if n.strip())
-        if not names or any(":" in n or "=" in n for n in names):
-            raise ConfigError(f"--policies {policies!r}: expected plain policy names, e.g. async,elastic")
+    names = search_names(policies)
     path = resolve_trace_path(trace, cfg)
     frame = load_trace(path)
     req = PlanRequest(
@@ -92,6 +88,20 @@ def plan_cmd(
     with _progress() as progress:
         result = plan(req, out, force=force, progress=progress)
     print_plan(result)
+
+
+def search_names(policies: list[str] | None) -> tuple[str, ...] | None:
+    """The policies ``--policies`` limits the search to, over every ``--policies`` given (a
+    second one silently replaced the first); None: all registered."""
+    if not policies:
+        return None
+    names: list[str] = []
+    for given in policies:
+        found = [n.strip() for n in given.split(",") if n.strip()]
+        if not found or any(":" in n or "=" in n for n in found):
+            raise ConfigError(f"--policies {given!r}: expected plain policy names, e.g. async,elastic")
+        names += found
+    return tuple(names)
 
 
 def warn_unused_policies(specs: tuple[str, ...], source: str) -> None:

@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
 def compare_cmd(
     out: Annotated[Path, typer.Option("--out", help="Output directory (summary.csv, runs/, report.html).")],
     trace: TraceOpt = None,
-    policies: Annotated[str | None, typer.Option("--policies", help="Comma-separated policy names.")] = None,
+    policies: Annotated[list[str] | None, typer.Option("--policies", help="Comma-separated policy names; repeatable.")] = None,
     policy: Annotated[list[str] | None, typer.Option("--policy", help="Policy spec NAME[:key=value,...]; repeatable.")] = None,
     config: ConfigOpt = None,
     cost: CostOpt = None,

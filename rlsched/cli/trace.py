@@ -69,6 +69,8 @@ def gen(
     from rlsched.traces.load import check_trace_out
 
     check_trace_out(out)
+    if seed < 0:  # (was "generate_trace: seed=-1" or "fit_trace: seed=-1": no such flag)
+        raise ConfigError(f"--seed={seed}: expected a whole number >= 0")
     if like is not None:
         ignored = [flag for flag, value in (("--turns-scale", turns_scale),
                                             ("--tokens-scale", tokens_scale),
@@ -96,11 +98,11 @@ def gen(
     t0 = time.perf_counter()
     if n_traj > _BIG:
         with err.status(f"generating {n_traj:,} trajectories ({preset}, seed {seed})..."):
-            df = generate_trace(preset, seed=seed, **overrides)
+            df = _generate(preset, seed, overrides)
         with err.status(f"validating and writing {len(df):,} rows to {out}..."):
             path = write_trace(df, out)
     else:
-        df = generate_trace(preset, seed=seed, **overrides)
+        df = _generate(preset, seed, overrides)
         path = write_trace(df, out)
     seconds = time.perf_counter() - t0
     stats = trace_stats(df)
@@ -110,6 +112,26 @@ def gen(
     typer.echo(f"wrote {path} ({size / 1e6:.2f} MB) in {seconds:.1f} s: {_counts(df)}; "
                f"turns p50 {turns['p50']:.0f} max {turns['max']:.0f}; "
                f"context max {ctx['max']:,.0f} tokens")
+
+
+#: ``trace gen``'s flags that set a generator parameter (``GenParams`` field -> flag).
+_GEN_FLAGS = {"tasks": "--tasks", "samples": "--samples", "turns_scale": "--turns-scale",
+              "tokens_scale": "--tokens-scale", "growth": "--growth"}
+
+
+def _generate(preset: str, seed: int, overrides: dict[str, float]):  # -> pd.DataFrame
+    """``generate_trace``, its refusal of a flag's value naming the flag: a check that
+    needs the drawn values (``--tokens-scale 1e300``: token counts past 2**62) cannot run
+    before it, and named ``GenParams.tokens_scale``, which ``--help`` never shows."""
+    import re
+
+    try:
+        return generate_trace(preset, seed=seed, **overrides)
+    except ConfigError as exc:
+        found = re.match(r"GenParams\.(\w+)=(.*?) — (.*)", str(exc))
+        if found is None or found[1] not in _GEN_FLAGS or found[1] not in overrides:
+            raise
+        raise ConfigError(f"{_GEN_FLAGS[found[1]]}={found[2]}: {found[3]}") from None
 
 
 def _check_gen_flags(tasks: int | None, samples: int | None, turns_scale: float | None,

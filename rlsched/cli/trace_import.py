@@ -21,7 +21,7 @@ from rich.table import Table
 from rlsched.cluster.errors import ConfigError
 from rlsched.traces import write_trace
 from rlsched.traces.envtime import MODEL_NAME
-from rlsched.traces.importers import IMPORTERS, ImportResult, import_traces
+from rlsched.traces.importers import IMPORTERS, ImportResult, get_importer, import_traces
 from rlsched.traces.load import check_trace_out
 
 #: At most this many skip reasons are printed; the count is always complete.
@@ -99,18 +99,27 @@ def register(trace_app: typer.Typer) -> None:
         """Import agent logs (SWE-agent, chat transcripts, OpenHands, mini-swe-agent, verl) as
         a trace."""
         check_trace_out(out)
-        _refuse_overwriting_a_log(out, paths)
+        _refuse_overwriting_a_log(out, paths, get_importer(fmt).suffixes)
         result = import_traces(fmt, paths, tokenizer=tokenizer)
         path = write_trace(result.df, out)
         for line in summary_lines(result, path):
             typer.echo(line)
 
 
-def _refuse_overwriting_a_log(out: Path, paths: list[Path]) -> None:
+def _refuse_overwriting_a_log(out: Path, paths: list[Path], suffixes: tuple[str, ...] = ()) -> None:
     """``--out`` naming one of the logs given (``-o run.jsonl run.jsonl``) replaced that log
-    with the trace, silently: refused before anything is read."""
+    with the trace, silently: refused before anything is read. So is an ``--out`` that is
+    a log the import finds in a folder given (``-o logs/a.jsonl logs/``: a file under the
+    folder with one of the format's ``suffixes``), which was read, then overwritten."""
     real = os.path.realpath(out)
     for given in paths:
         if os.path.realpath(given) == real:
             raise ConfigError(f"--out {out}: is the log {given} being imported, which writing the "
                               "trace would overwrite; give another file name")
+    if not (out.is_file() and out.suffix.lower() in suffixes):
+        return
+    for given in paths:
+        folder = os.path.realpath(given)
+        if os.path.isdir(folder) and os.path.commonpath([folder, real]) == folder:
+            raise ConfigError(f"--out {out}: is a log under {given} being imported, which writing "
+                              "the trace would overwrite; give a file name outside that folder")

@@ -104,6 +104,24 @@ def choose(stats: pd.DataFrame, cands: list[str], flag_pct: float) -> tuple[str,
     return pick, flags, notes
 
 
+#: ``sensitivity.csv``'s columns, in order, whichever scenarios ran or were skipped (a
+#: skipped first scenario moved ``change`` ahead of the figures), and with none at all.
+SENSITIVITY_COLUMNS = ("scenario", "gpus", "best", "best_steps_per_hour", "recommended_steps_per_hour",
+                       "recommended_rank", "colocated_steps_per_hour", "candidates", "change")
+#: ``sensitivity_detail.csv``'s columns: one row per scenario and candidate.
+SENSITIVITY_DETAIL_COLUMNS = ("scenario", "gpus", "policy", "steps_per_hour", "feasible", "note")
+
+
+def sensitivity_frames(rows: list[dict], detail: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The two sensitivity tables with their fixed columns: ``plan --no-sensitivity``
+    wrote files holding a blank line and no header, which CSV readers refuse ("No columns
+    to parse from file"); a skipped scenario's row has no figures, and its missing
+    ``candidates`` turned the others' counts into floats (3.0)."""
+    sens = pd.DataFrame(rows, columns=list(SENSITIVITY_COLUMNS))
+    sens["candidates"] = sens["candidates"].astype("Int64")
+    return sens, pd.DataFrame(detail, columns=list(SENSITIVITY_DETAIL_COLUMNS))
+
+
 def sensitivity(req: PlanRequest, runner: CachedRunner, res: SearchResult, setup: PlanSetup,
                  recommended: str, progress: PlanProgress | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     run = setup.run
@@ -175,7 +193,7 @@ def sensitivity(req: PlanRequest, runner: CachedRunner, res: SearchResult, setup
             "colocated_steps_per_hour": base.steps_per_hour,
             "candidates": len(cands), "change": change,
         })
-    return pd.DataFrame(rows), pd.DataFrame(detail)
+    return sensitivity_frames(rows, detail)
 
 
 def _trainer_floor(setup: PlanSetup) -> int:

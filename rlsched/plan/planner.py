@@ -47,6 +47,7 @@ from rlsched.plan.checks import (
     feasible_sorted,
     robustness,
     sensitivity,
+    sensitivity_frames,
 )
 from rlsched.plan.evaluation import BASE, CachedRunner, Job, PlanSetup, make_runner
 from rlsched.plan.output import (
@@ -190,7 +191,7 @@ def plan(req: PlanRequest, out: Path, *, force: bool = False,
         if req.sensitivity:
             sens, sens_detail = sensitivity(req, runner, res, setup, recommended, progress)
         else:
-            sens, sens_detail = pd.DataFrame(), pd.DataFrame()
+            sens, sens_detail = sensitivity_frames([], [])
         phases["sensitivity"], mark = time.monotonic() - mark, time.monotonic()
         ranking = _ranking(req, res, run.steps, stats, flags, recommended)
 
