@@ -55,8 +55,9 @@ def run_trace(run_path: Path, meta: Mapping[str, Any]) -> Path | None:
     if first is not None:
         found.append(first)
     resolved = meta.get(TRACE_RESOLVED)
-    if isinstance(resolved, str) and resolved and Path(resolved).is_file():
-        found.append(Path(resolved))
+    if isinstance(resolved, str) and resolved and Path(resolved).is_file() and not (
+            first is not None and first.resolve() == Path(resolved).resolve()):
+        found.append(Path(resolved))  # (one file found both ways is one candidate: no hashing)
     recorded = recorded_digest(meta)
     if recorded is None or len(found) < 2:
         return found[0] if found else None
