@@ -82,6 +82,11 @@ def load_config(path: str | Path) -> ConfigFile:
 
 def parse_config(data: dict[str, Any], source: str = "<config>") -> ConfigFile:
     for key in data:
+        if key == "calibration" and "calibration" not in _SECTIONS:
+            # (a cost-model file from `rlsched calibrate` given as --config: it failed as an
+            # unknown section, with no word on where such a file goes)
+            raise ConfigError(f"{source}: unknown section 'calibration': a cost-model file from "
+                              "`rlsched calibrate`? give it as --cost")
         if key not in _SECTIONS:
             raise ConfigError(f"{source}: unknown section {key!r}{did_you_mean(key, _SECTIONS)}")
     run_kw: dict[str, Any] = {}

@@ -302,6 +302,9 @@ def test_plan_on_a_one_trajectory_trace_skips_the_tail_cut(tmp_path: Path) -> No
         (["--budget-minutes", "0"], "--budget-minutes"),
         (["--policies", "async:rollout_fraction=0.3"], "plain policy names"),
         (["--max-staleness", "-1"], "--max-staleness"),
+        # (both ran: the empty name dropped silently, the empty --ray locally)
+        (["--policies", "colocated,,async"], "--policies 'colocated,,async': empty name in the list"),
+        (["--ray", ""], "--ray '': expected 'auto', 'local' or a Ray cluster's address"),
     ],
 )
 def test_cli_plan_bad_input_is_one_line(tmp_path: Path, capsys, args: list[str], message: str) -> None:

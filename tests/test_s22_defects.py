@@ -373,3 +373,12 @@ def test_flat_model_with_a_gpu_names_where_each_came_from(tmp_path, args, config
         extra = ["--config", str(tmp_path / "c.toml")]
         expected = expected.replace("CONFIG", str(tmp_path / "c.toml"))
     assert one_error(["cost", "show", *args, *extra]) == f"rlsched: error: {expected}"
+
+
+# ------------------------------------------- 11. a calibrated cost file given as --config
+def test_a_cost_file_given_as_config_says_to_give_it_as_cost(measurements):
+    """Was: "unknown section 'calibration'" and nothing on where such a file goes."""
+    err = one_error(["compare", "--config", str(measurements.with_name("a.toml")), "--out",
+                     str(measurements.parent / "out")])
+    assert err == (f"rlsched: error: {measurements.with_name('a.toml')}: unknown section 'calibration': a "
+                   "cost-model file from `rlsched calibrate`? give it as --cost")

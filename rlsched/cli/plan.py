@@ -75,6 +75,8 @@ def plan_cmd(
     )
     warn_unused_policies(cfg.policies, cfg.source)
     names = search_names(policies)
+    if ray is not None and not ray.strip():  # ('' ran locally without a word)
+        raise ConfigError("--ray '': expected 'auto', 'local' or a Ray cluster's address")
     path = resolve_trace_path(trace, cfg)
     frame = load_trace(path)
     req = PlanRequest(
@@ -97,8 +99,10 @@ def search_names(policies: list[str] | None) -> tuple[str, ...] | None:
         return None
     names: list[str] = []
     for given in policies:
-        found = [n.strip() for n in given.split(",") if n.strip()]
-        if not found or any(":" in n or "=" in n for n in found):
+        found = [n.strip() for n in given.split(",")]
+        if "" in found:  # (as compare refuses it: 'colocated,,async' dropped the gap silently)
+            raise ConfigError(f"--policies {given!r}: empty name in the list")
+        if any(":" in n or "=" in n for n in found):
             raise ConfigError(f"--policies {given!r}: expected plain policy names, e.g. async,elastic")
         names += found
     return tuple(names)
