@@ -46,7 +46,7 @@ from rlsched.sim.cost import CostModel
 from rlsched.sim.driver import SimDriver
 from rlsched.sim.run import simulate
 from rlsched.sim.workload import Batches, Workload, replay_workload
-from rlsched.traces.digest import TRACE_RESOLVED, trace_meta
+from rlsched.traces.digest import trace_location, trace_meta
 
 SUMMARY_COLUMNS = (
     "policy", "steps", "sim_seconds", "trained_tokens", "gpu_utilization", "max_staleness",
@@ -170,8 +170,7 @@ def compare(
     cfg = plan.config
     workload, batches = replay_workload(plan.trace_path, cfg.steps, cfg.tasks_per_step, cfg.samples_per_task)
     # the bytes replayed, once for every run (`rlsched report` tells a trace replaced in place)
-    trace = {"trace": str(plan.trace_path), TRACE_RESOLVED: str(Path(plan.trace_path).resolve()),
-             **trace_meta(plan.trace_path)}
+    trace = {**trace_location(plan.trace_path), **trace_meta(plan.trace_path)}
     preflight(plan, workload, batches)
     tmp = prepare_out_dir(out, force, inputs=(plan.trace_path, *plan.inputs))
     timing: list[tuple[str, str, str, float]] = []  # (part, policy, run_dir, wall seconds)

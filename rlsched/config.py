@@ -61,6 +61,9 @@ class ConfigFile:
 
 _RUN_KEYS = {f.name for f in fields(RunConfig)} - {"faults"}
 _SECTIONS = {"cluster", "run", "cost", "policy", "live", "trace", "faults", "logging"}
+#: Sections of other rlsched files, and where such a file goes (a cost-model file given as
+#: --config failed as an unknown section, with no word on where it belongs).
+_FOREIGN_SECTIONS = {"calibration": ": a cost-model file from `rlsched calibrate`? give it as --cost"}
 
 
 def load_config(path: str | Path) -> ConfigFile:
@@ -82,13 +85,9 @@ def load_config(path: str | Path) -> ConfigFile:
 
 def parse_config(data: dict[str, Any], source: str = "<config>") -> ConfigFile:
     for key in data:
-        if key == "calibration" and "calibration" not in _SECTIONS:
-            # (a cost-model file from `rlsched calibrate` given as --config: it failed as an
-            # unknown section, with no word on where such a file goes)
-            raise ConfigError(f"{source}: unknown section 'calibration': a cost-model file from "
-                              "`rlsched calibrate`? give it as --cost")
         if key not in _SECTIONS:
-            raise ConfigError(f"{source}: unknown section {key!r}{did_you_mean(key, _SECTIONS)}")
+            hint = _FOREIGN_SECTIONS.get(key) or did_you_mean(key, _SECTIONS)
+            raise ConfigError(f"{source}: unknown section {key!r}{hint}")
     run_kw: dict[str, Any] = {}
     for section in ("cluster", "run"):
         table = data.get(section, {})

@@ -65,7 +65,7 @@ def replay(live: RunRecord, cost: Any, out_dir: Path) -> RunRecord:
     from rlsched.sim.run import simulate
     from rlsched.sim.workload import Workload
     from rlsched.traces import draw_batches, load_trace
-    from rlsched.traces.digest import TRACE_RESOLVED, trace_meta
+    from rlsched.traces.digest import trace_location, trace_meta
 
     trace_path = live.path / str(live.meta["trace"])
     df = load_trace(trace_path)
@@ -73,7 +73,7 @@ def replay(live: RunRecord, cost: Any, out_dir: Path) -> RunRecord:
     batches = draw_batches(df, config.steps, config.tasks_per_step, config.samples_per_task)
     spec = str(live.meta["policy"])
     simulate(Workload.from_frame(df), batches, make_policy(spec), config, cost, out_dir=out_dir,
-             spec=spec, meta={"trace": str(trace_path), TRACE_RESOLVED: str(Path(trace_path).resolve()), **trace_meta(trace_path), "spec_as_given": spec,
+             spec=spec, meta={**trace_location(trace_path), **trace_meta(trace_path), "spec_as_given": spec,
                               "replay_of": str(live.path)})
     return read_run(out_dir)
 

@@ -318,6 +318,13 @@ class CostModel:
 COST_FILE_TABLES = frozenset({"cost", "calibration"})
 
 
+def field_bounds(name: str) -> tuple[float, float]:
+    """The range a cost-model field must lie in (``_RANGES``), for a flag that sets it and
+    names itself in its refusal."""
+    low, high, _ = _RANGES[name]
+    return low, high
+
+
 def _refuse_config_tables(data: dict[str, Any], path: Path) -> None:
     """A run config given as ``--cost`` (``recommended.toml``: [cluster], [run], trace,
     [[policy]] and a [cost] table) was read for its [cost] alone: the run went ahead on the

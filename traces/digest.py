@@ -82,6 +82,13 @@ def trace_meta(path: str | Path, *, cached: bool = True) -> dict[str, Any]:
     return {TRACE_SHA256: d.sha256, TRACE_BYTES: d.size}
 
 
+def trace_location(path: str | Path) -> dict[str, str]:
+    """The ``meta.json`` keys that say where a run's trace is: ``trace`` as given (a public
+    field, often relative to the folder the run started in) and :data:`TRACE_RESOLVED`, its
+    absolute path, so a report started elsewhere finds it."""
+    return {"trace": str(path), TRACE_RESOLVED: str(Path(path).resolve())}
+
+
 def recorded_digest(meta: Mapping[str, Any]) -> FileDigest | None:
     """The trace digest a run record holds; None for a record without one (written before
     the keys existed, or a live run that recorded no trace) or with a malformed one (which

@@ -12,9 +12,10 @@ import typer
 from rlsched.cli.run import ConfigOpt, CostOpt, GpuOpt, ModelOpt
 from rlsched.cluster.config import MAX_SLOTS
 from rlsched.cluster.errors import ConfigError
+from rlsched.sim.cost import field_bounds
 
-#: The cost model's bound on ``train_seq_tokens`` (``sim/cost.py``'s ``_RANGES``).
-MAX_SEQ_TOKENS = 1e9
+#: The cost model's bound on ``train_seq_tokens`` (its own range, not a copy of it).
+MAX_SEQ_TOKENS = field_bounds("train_seq_tokens")[1]
 
 cost_app = typer.Typer(help="Inspect the cost model: presets and derived figures.", no_args_is_help=True)
 

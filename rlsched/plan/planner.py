@@ -60,7 +60,7 @@ from rlsched.plan.request import PlanRequest, PlanResult
 from rlsched.plan.search import BASELINE, SearchResult, judge, search
 from rlsched.plan.space import build_arms
 from rlsched.traces.batches import check_draw
-from rlsched.traces.digest import TRACE_RESOLVED
+from rlsched.traces.digest import trace_location
 
 
 def resolve_run(run: RunConfig, df: pd.DataFrame) -> RunConfig:
@@ -139,8 +139,7 @@ def _write_report(req: PlanRequest, setup: PlanSetup, specs: list[str], tmp: Pat
     from rlsched.sim.run import simulate
 
     workload, batches, run = _context(setup, BASE)
-    trace = {"trace": str(req.trace_path), TRACE_RESOLVED: str(Path(req.trace_path).resolve()),
-             **req.trace_digest}  # (the bytes replayed)
+    trace = {**trace_location(req.trace_path), **req.trace_digest}  # (the bytes replayed)
     dirs = []
     for i, spec in enumerate(specs):
         policy = make_policy(spec)
