@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from rlsched.cluster.errors import ConfigError
-from rlsched.traces.presets import GenParams, get_preset
+from rlsched.traces.presets import GenParamError, GenParams, get_preset
 
 
 def _lognormal(rng: np.random.Generator, median: float, sigma: float, size: int) -> np.ndarray:
@@ -39,8 +39,8 @@ def _tokens(values: np.ndarray, scale: float, cap: float | None = None) -> np.nd
     if cap is not None:
         out = np.minimum(out, np.rint(cap * scale))
     if out.size and float(out.max()) >= _MAX_TOKENS:
-        raise ConfigError(f"GenParams.tokens_scale={scale!r} — token counts would reach "
-                          f"{float(out.max()):.3g}: expected a scale that keeps them below 2**62")
+        raise GenParamError("tokens_scale", scale, f"token counts would reach {float(out.max()):.3g}: "
+                            "expected a scale that keeps them below 2**62")
     return np.maximum(out, 1).astype(np.int64)
 
 

@@ -15,6 +15,16 @@ from dataclasses import dataclass
 
 from rlsched.cluster.errors import ConfigError
 
+
+class GenParamError(ConfigError):
+    """A generator parameter out of range. The message names it as ``GenParams.<field>``;
+    ``field``, ``value`` and ``why`` let a command line name the flag that set it instead
+    (``trace gen``), without parsing the message."""
+
+    def __init__(self, field: str, value: object, why: str) -> None:
+        super().__init__(f"GenParams.{field}={value!r} — {why}")
+        self.field, self.value, self.why = field, value, why
+
 #: The most trajectories a generated trace may hold (``--tasks 99999999999999999999`` was a
 #: NumPy ValueError deep in the generator; ten million is beyond any RL run's rollouts).
 MAX_TRAJECTORIES = 10_000_000
@@ -105,20 +115,20 @@ class GenParams:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ConfigError(f"GenParams.{f.name}={value!r} — expected a number")
+                raise GenParamError(f.name, value, "expected a number")
             if value != value or value in (float("inf"), float("-inf")):
-                raise ConfigError(f"GenParams.{f.name}={value!r} — expected a finite number")
+                raise GenParamError(f.name, value, "expected a finite number")
         for name in ("tasks", "samples", "max_turns", "tool_tokens_cap", "output_tokens_cap",
                      "max_context_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"GenParams.{name}={value!r} — expected a whole number >= 1")
+                raise GenParamError(name, value, "expected a whole number >= 1")
         check_trajectory_count(self.tasks, self.samples)
         for name in ("long_frac", "tool_tail_frac", "env_slow_frac", "branch_frac",
                      "success_rate"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
-                raise ConfigError(f"GenParams.{name}={value!r} — expected a fraction in [0, 1]")
+                raise GenParamError(name, value, "expected a fraction in [0, 1]")
         for name in ("turns_median", "long_turns_median", "prompt_tokens_median",
                      "tool_tokens_median", "output_tokens_median", "env_seconds_median",
                      "env_slow_median", "tool_tail_min", "tool_tail_alpha", "env_seconds_cap",
@@ -126,13 +136,13 @@ class GenParams:
                      "tokens_scale", "growth"):
             value = getattr(self, name)
             if value <= 0:
-                raise ConfigError(f"GenParams.{name}={value!r} — expected a number > 0")
+                raise GenParamError(name, value, "expected a number > 0")
         for name in ("turns_sigma", "long_turns_sigma", "task_sigma", "prompt_tokens_sigma",
                      "tool_tokens_sigma", "output_tokens_sigma", "env_seconds_sigma",
                      "env_slow_sigma"):
             value = getattr(self, name)
             if value < 0:
-                raise ConfigError(f"GenParams.{name}={value!r} — expected a sigma >= 0")
+                raise GenParamError(name, value, "expected a sigma >= 0")
 
     def replace(self, **overrides: float) -> GenParams:
         """A copy with some fields changed; unknown names fail with a suggestion."""

@@ -123,15 +123,14 @@ def _generate(preset: str, seed: int, overrides: dict[str, float]):  # -> pd.Dat
     """``generate_trace``, its refusal of a flag's value naming the flag: a check that
     needs the drawn values (``--tokens-scale 1e300``: token counts past 2**62) cannot run
     before it, and named ``GenParams.tokens_scale``, which ``--help`` never shows."""
-    import re
+    from rlsched.traces.presets import GenParamError
 
     try:
         return generate_trace(preset, seed=seed, **overrides)
-    except ConfigError as exc:
-        found = re.match(r"GenParams\.(\w+)=(.*?) — (.*)", str(exc))
-        if found is None or found[1] not in _GEN_FLAGS or found[1] not in overrides:
+    except GenParamError as exc:
+        if exc.field not in _GEN_FLAGS or exc.field not in overrides:
             raise
-        raise ConfigError(f"{_GEN_FLAGS[found[1]]}={found[2]}: {found[3]}") from None
+        raise ConfigError(f"{_GEN_FLAGS[exc.field]}={exc.value!r}: {exc.why}") from None
 
 
 def _check_gen_flags(tasks: int | None, samples: int | None, turns_scale: float | None,
